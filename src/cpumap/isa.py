@@ -355,7 +355,8 @@ def build_catalogue(
     df = df[COLUMNS].fillna("")
     for c in ("mem", "reads_flags", "writes_flags"):
         df[c] = df[c].astype(bool)
-    say(f"catalogue: {int((df.status == 'ok').sum())} ok, {int((df.status != 'ok').sum())} excluded")
+    n_ok = int((df.status == "ok").sum())
+    say(f"catalogue: {n_ok} ok, {len(df) - n_ok} excluded")
     return df.sort_values("name", kind="stable").reset_index(drop=True)
 
 

@@ -1,0 +1,32 @@
+# cpumap: measure and model the throughput of x86-64 instructions on this CPU.
+#
+#   ./scripts/setup.sh                       # install, then run the default (quick) pipeline
+#   .venv/bin/snakemake --cores 2 -n         # dry run: what would be (re)computed
+#   .venv/bin/snakemake --cores 2 --configfile config/full.yaml
+#
+# Every output lives under results/<machine_id>/ (see README.md). The logic is in
+# the cpumap package (src/cpumap); rules only wire it together.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/isa.smk"
+include: "workflow/rules/bench.smk"
+include: "workflow/rules/db.smk"
+
+
+localrules:
+    all,
+
+
+rule all:
+    input:
+        summary=expand(SINGLETON_SUMMARY, mid=MACHINE_ID),
+        singletons=expand(SINGLETON_TABLE, mid=MACHINE_ID),
+    default_target: True

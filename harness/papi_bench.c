@@ -1,0 +1,467 @@
+/*
+ * papi_bench -- the measuring core of cpumap.
+ *
+ * Loads one batch shared object (ABI in CONTRACTS: cpumap_abi_version = 1, cpumap_nkernels,
+ * cpumap_arena_bytes, cpumap_kernels[]), pins itself to one CPU, and for every kernel times
+ * f1 (U copies of the kernel per iteration) and f2 (2U copies) K times.  The caller takes the
+ * difference f2 - f1, which cancels the call, loop and timer overheads (nanoBench style).
+ *
+ * Clock, chosen at run time:
+ *   papi            PAPI_TOT_CYC and PAPI_TOT_INS are counted (instructions "counted").
+ *   tsc-calibrated  no hardware counters (e.g. a KVM guest without a PMU): only TSC ticks are
+ *                   recorded; the caller converts them with the core-cycles-per-tick ratio
+ *                   measured here before and after the batch on a latency-1 dependent add chain.
+ *                   Instructions are the static counts of the generated code ("derived").
+ * A counter value is never made up: with tsc-calibrated the cycles columns are -1.
+ *
+ * A faulting kernel (SIGSEGV, SIGILL, SIGFPE, SIGBUS, SIGTRAP) or one running past --timeout-ms
+ * is abandoned with siglongjmp, reported as a `fail` line, and the batch goes on.  Anything
+ * worse (the process dies) is handled by the Python supervisor, which restarts us with --start.
+ *
+ * Output (stdout, tab separated, flushed after every kernel): see CONTRACTS "Harness CLI".
+ * Exit status: 0 batch ran (even with failed kernels), 2 usage error, 3 .so cannot be loaded.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <getopt.h>
+#include <papi.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ABI_VERSION 1
+#define MAX_ARENA_BYTES (64u * 1024u)
+#define ARENA_PATTERN 0x3FF1111111111111ULL
+#define CALIB_UNROLL 1000 /* adds per iteration of the calibration loop (matches .rept below) */
+#define CALIB_RUNS 7
+#define CALIB_WARMUP_NS 20000000L /* spin this long first so the core leaves its idle clock */
+
+struct cpumap_kernel {
+    const char *id;
+    void (*f1)(uint64_t iters, void *arena);
+    void (*f2)(uint64_t iters, void *arena);
+    uint64_t iters, insns1, insns2, instances, reserved;
+};
+
+struct sample { /* one repetition of one kernel */
+    uint64_t ticks1, ticks2;
+    long long cycles1, cycles2, insns1, insns2;
+};
+
+/* ---------------------------------------------------------------- timing primitives */
+
+/* lfence before rdtsc: earlier instructions have completed; lfence after: later ones wait. */
+static inline uint64_t tsc_begin(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("lfence\n\trdtsc\n\tlfence" : "=a"(lo), "=d"(hi)::"memory");
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* rdtscp waits for all earlier instructions; lfence keeps later ones from starting first. */
+static inline uint64_t tsc_end(void)
+{
+    uint32_t lo, hi, aux;
+    __asm__ volatile("rdtscp\n\tlfence" : "=a"(lo), "=d"(hi), "=c"(aux)::"memory");
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* Ticks of `iters` x CALIB_UNROLL dependent `add %rdx, %rax`: one core cycle per add on every
+ * x86 core, so adds / ticks = core cycles per TSC tick. dec/jnz run beside the chain for free. */
+static uint64_t calib_once(uint64_t iters)
+{
+    uint64_t acc = 0, one = 1, n = iters;
+    uint64_t t0 = tsc_begin();
+    __asm__ volatile("1:\n\t"
+                     ".rept 1000\n\t"
+                     "add %%rdx, %%rax\n\t"
+                     ".endr\n\t"
+                     "dec %%rcx\n\t"
+                     "jnz 1b"
+                     : "+c"(n), "+a"(acc)
+                     : "d"(one)
+                     : "cc");
+    uint64_t t1 = tsc_end();
+    return t1 - t0;
+}
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* Print `calib <when> <cycles_per_tick> <ticks> <adds>` using the fastest of CALIB_RUNS runs. */
+static void calibrate(const char *when, uint64_t adds)
+{
+    uint64_t iters = (adds + CALIB_UNROLL - 1) / CALIB_UNROLL;
+    double t_end = now_ns() + CALIB_WARMUP_NS;
+    while (now_ns() < t_end)
+        calib_once(iters);
+    uint64_t best = UINT64_MAX;
+    for (int r = 0; r < CALIB_RUNS; r++) {
+        uint64_t t = calib_once(iters);
+        if (t < best)
+            best = t;
+    }
+    uint64_t total = iters * CALIB_UNROLL;
+    printf("calib\t%s\t%.6f\t%llu\t%llu\n", when, (double)total / (double)best,
+           (unsigned long long)best, (unsigned long long)total);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- PAPI */
+
+static int papi_set = PAPI_NULL;
+
+/* Try to count PAPI_TOT_CYC + PAPI_TOT_INS; on failure say why on stderr and return 0. */
+static int papi_start(void)
+{
+    int rc = PAPI_library_init(PAPI_VER_CURRENT);
+    if (rc != PAPI_VER_CURRENT) {
+        fprintf(stderr, "papi_bench: PAPI_library_init failed (%d)\n", rc);
+        return 0;
+    }
+    const char *what = "PAPI_create_eventset";
+    if ((rc = PAPI_create_eventset(&papi_set)) != PAPI_OK)
+        goto fail;
+    what = "PAPI_add_event(PAPI_TOT_CYC)";
+    if ((rc = PAPI_add_event(papi_set, PAPI_TOT_CYC)) != PAPI_OK)
+        goto fail;
+    what = "PAPI_add_event(PAPI_TOT_INS)";
+    if ((rc = PAPI_add_event(papi_set, PAPI_TOT_INS)) != PAPI_OK)
+        goto fail;
+    what = "PAPI_start";
+    if ((rc = PAPI_start(papi_set)) != PAPI_OK)
+        goto fail;
+    return 1;
+fail:
+    fprintf(stderr, "papi_bench: %s: %s\n", what, PAPI_strerror(rc));
+    PAPI_shutdown();
+    papi_set = PAPI_NULL;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- fault recovery */
+
+static sigjmp_buf kernel_jmp;
+static volatile sig_atomic_t in_kernel; /* 1 only while a kernel (or its timer) may be running */
+
+static void on_signal(int sig)
+{
+    if (in_kernel) {
+        in_kernel = 0;
+        siglongjmp(kernel_jmp, sig);
+    }
+    if (sig == SIGALRM)
+        return; /* a timer that fired just after its kernel finished */
+    /* A fault in the harness itself: die with it so the supervisor sees a crash. */
+    signal(sig, SIG_DFL);
+}
+
+static const char *signal_name(int sig)
+{
+    switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGILL: return "SIGILL";
+    case SIGFPE: return "SIGFPE";
+    case SIGBUS: return "SIGBUS";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGALRM: return "timeout";
+    default: return "signal";
+    }
+}
+
+static void install_handlers(void)
+{
+    /* Own stack: the kernel may have left %rsp anywhere. */
+    static char altstack[1 << 16] __attribute__((aligned(64)));
+    stack_t ss = {.ss_sp = altstack, .ss_size = sizeof altstack, .ss_flags = 0};
+    if (sigaltstack(&ss, NULL) != 0)
+        perror("papi_bench: sigaltstack");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = {SIGSEGV, SIGILL, SIGFPE, SIGBUS, SIGTRAP, SIGALRM};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaction(sigs[i], &sa, NULL);
+}
+
+static void set_timer(long ms)
+{
+    struct itimerval it = {{0, 0}, {ms / 1000, (ms % 1000) * 1000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
+/* A kernel abandoned mid-way may leave MXCSR, x87/MMX or AVX upper state dirty. Linux already
+ * gives a signal handler a fresh FPU state (and siglongjmp skips the sigreturn that would bring
+ * the kernel's back), but we restore the SysV defaults explicitly rather than rely on that.
+ * Callee-saved registers and %rsp come back with siglongjmp; DF is cleared for the handler. */
+static void reset_fp_state(void)
+{
+    unsigned mxcsr = 0x1f80;
+    __asm__ volatile("ldmxcsr %0\n\temms\n\tfninit\n\tcld" ::"m"(mxcsr));
+    if (__builtin_cpu_supports("avx"))
+        __asm__ volatile("vzeroupper");
+}
+
+/* ---------------------------------------------------------------- measuring */
+
+static void fill_arena(uint64_t *arena, size_t bytes)
+{
+    for (size_t i = 0; i < bytes / 8; i++)
+        arena[i] = ARENA_PATTERN;
+}
+
+/* One timed call; with PAPI the counters are read just outside the TSC window. */
+static inline void timed_call(void (*f)(uint64_t, void *), uint64_t iters, void *arena, int papi,
+                              uint64_t *ticks, long long *cyc, long long *ins)
+{
+    long long c0[2] = {0, 0}, c1[2] = {0, 0};
+    if (papi)
+        PAPI_read(papi_set, c0);
+    uint64_t t0 = tsc_begin();
+    f(iters, arena);
+    uint64_t t1 = tsc_end();
+    if (papi) {
+        PAPI_read(papi_set, c1);
+        *cyc = c1[0] - c0[0];
+        *ins = c1[1] - c0[1];
+    }
+    *ticks = t1 - t0;
+}
+
+/* Warm up and measure one kernel into out[0..reps). Returns 0, or the signal that stopped it
+ * (SIGALRM = timeout). */
+static int run_kernel(const struct cpumap_kernel *k, void *arena, long reps, long warmup,
+                      long timeout_ms, int papi, struct sample *out)
+{
+    int sig = sigsetjmp(kernel_jmp, 1); /* 1: restore the signal mask on the way back */
+    if (sig != 0) {
+        set_timer(0);
+        reset_fp_state();
+        return sig;
+    }
+    in_kernel = 1;
+    set_timer(timeout_ms);
+    for (long w = 0; w < warmup; w++) {
+        k->f1(k->iters, arena);
+        k->f2(k->iters, arena);
+    }
+    for (long r = 0; r < reps; r++) {
+        struct sample *s = &out[r];
+        s->cycles1 = s->cycles2 = -1;
+        s->insns1 = (long long)k->insns1;
+        s->insns2 = (long long)k->insns2;
+        timed_call(k->f1, k->iters, arena, papi, &s->ticks1, &s->cycles1, &s->insns1);
+        timed_call(k->f2, k->iters, arena, papi, &s->ticks2, &s->cycles2, &s->insns2);
+    }
+    in_kernel = 0;
+    set_timer(0);
+    return 0;
+}
+
+/* Ids go into a tab-separated line: refuse anything that would break it. */
+static const char *safe_id(const char *id)
+{
+    if (id == NULL)
+        return "?";
+    for (const char *p = id; *p; p++)
+        if (*p == '\t' || *p == '\n' || *p == '\r')
+            return "?";
+    return id;
+}
+
+/* ---------------------------------------------------------------- options */
+
+static _Noreturn void usage(void)
+{
+    fputs("usage: papi_bench --so PATH --reps K --warmup W [--cpu C] [--timeout-ms T]\n"
+          "                  [--start I] [--count N] [--clock auto|tsc|papi] [--calib-adds N]\n",
+          stderr);
+    exit(2);
+}
+
+/* Non-negative integer option value, or a usage error naming the option. */
+static long long parse_num(const char *opt, const char *text, long long min)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < min) {
+        fprintf(stderr, "papi_bench: bad value for --%s: '%s' (integer >= %lld expected)\n", opt,
+                text, min);
+        exit(2);
+    }
+    return v;
+}
+
+/* Pin to `cpu`, or to the last CPU we are allowed on when cpu < 0. */
+static int pin_cpu(long cpu)
+{
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+        perror("papi_bench: sched_getaffinity");
+        exit(2);
+    }
+    if (cpu < 0) {
+        for (int c = CPU_SETSIZE - 1; c >= 0; c--)
+            if (CPU_ISSET(c, &allowed)) {
+                cpu = c;
+                break;
+            }
+    }
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)) {
+        fprintf(stderr, "papi_bench: --cpu %ld is not in this process's affinity set\n", cpu);
+        exit(2);
+    }
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) {
+        perror("papi_bench: sched_setaffinity");
+        exit(2);
+    }
+    return (int)cpu;
+}
+
+static void *need_sym(void *h, const char *name, const char *so)
+{
+    void *p = dlsym(h, name);
+    if (p == NULL) {
+        fprintf(stderr, "papi_bench: %s: missing symbol %s\n", so, name);
+        exit(3);
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    const char *so = NULL, *clock_opt = "auto";
+    long long reps = -1, warmup = -1, cpu = -1, timeout_ms = 10000, start = 0, count = -1;
+    long long calib_adds = 2000000;
+    static const struct option opts[] = {
+        {"so", required_argument, 0, 's'},         {"reps", required_argument, 0, 'k'},
+        {"warmup", required_argument, 0, 'w'},     {"cpu", required_argument, 0, 'c'},
+        {"timeout-ms", required_argument, 0, 't'}, {"start", required_argument, 0, 'i'},
+        {"count", required_argument, 0, 'n'},      {"clock", required_argument, 0, 'l'},
+        {"calib-adds", required_argument, 0, 'a'}, {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 's': so = optarg; break;
+        case 'k': reps = parse_num("reps", optarg, 1); break;
+        case 'w': warmup = parse_num("warmup", optarg, 0); break;
+        case 'c': cpu = parse_num("cpu", optarg, 0); break;
+        case 't': timeout_ms = parse_num("timeout-ms", optarg, 1); break;
+        case 'i': start = parse_num("start", optarg, 0); break;
+        case 'n': count = parse_num("count", optarg, 0); break;
+        case 'l': clock_opt = optarg; break;
+        case 'a': calib_adds = parse_num("calib-adds", optarg, CALIB_UNROLL); break;
+        default: usage(); /* getopt_long already said what was wrong */
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "papi_bench: unexpected argument '%s'\n", argv[optind]);
+        usage();
+    }
+    if (so == NULL || reps < 0 || warmup < 0) {
+        fputs("papi_bench: --so, --reps and --warmup are required\n", stderr);
+        usage();
+    }
+    if (strcmp(clock_opt, "auto") != 0 && strcmp(clock_opt, "tsc") != 0 && strcmp(clock_opt, "papi") != 0) {
+        fprintf(stderr, "papi_bench: bad --clock '%s'\n", clock_opt);
+        usage();
+    }
+
+    /* Load the batch and check the ABI. */
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        fprintf(stderr, "papi_bench: dlopen: %s\n", dlerror());
+        return 3;
+    }
+    uint64_t abi = *(const uint64_t *)need_sym(h, "cpumap_abi_version", so);
+    uint64_t nk = *(const uint64_t *)need_sym(h, "cpumap_nkernels", so);
+    uint64_t arena_bytes = *(const uint64_t *)need_sym(h, "cpumap_arena_bytes", so);
+    const struct cpumap_kernel *kernels = need_sym(h, "cpumap_kernels", so);
+    if (abi != ABI_VERSION || arena_bytes > MAX_ARENA_BYTES) {
+        fprintf(stderr, "papi_bench: %s: abi version %llu (want %d), arena %llu bytes (max %u)\n",
+                so, (unsigned long long)abi, ABI_VERSION, (unsigned long long)arena_bytes,
+                MAX_ARENA_BYTES);
+        return 3;
+    }
+    if ((uint64_t)start > nk || (count >= 0 && (uint64_t)(start + count) > nk)) {
+        fprintf(stderr, "papi_bench: --start %lld --count %lld outside 0..%llu\n", start, count,
+                (unsigned long long)nk);
+        usage();
+    }
+    uint64_t end = count >= 0 ? (uint64_t)(start + count) : nk;
+
+    pin_cpu((long)cpu);
+
+    int papi = 0;
+    if (strcmp(clock_opt, "tsc") != 0) {
+        papi = papi_start();
+        if (!papi && strcmp(clock_opt, "papi") == 0) {
+            fputs("papi_bench: --clock papi but PAPI_TOT_CYC/PAPI_TOT_INS cannot be counted\n",
+                  stderr);
+            return 2;
+        }
+    }
+
+    size_t alloc = ((arena_bytes + 4095) / 4096) * 4096;
+    uint64_t *arena = aligned_alloc(4096, alloc ? alloc : 4096);
+    struct sample *samples = calloc((size_t)reps, sizeof *samples);
+    if (arena == NULL || samples == NULL) {
+        fputs("papi_bench: out of memory\n", stderr);
+        return 1;
+    }
+    install_handlers();
+
+    printf("clock\t%s\t%s\n", papi ? "papi" : "tsc-calibrated", papi ? "counted" : "derived");
+    calibrate("before", (uint64_t)calib_adds);
+
+    long n_ok = 0, n_failed = 0;
+    for (uint64_t i = (uint64_t)start; i < end; i++) {
+        const struct cpumap_kernel *k = &kernels[i];
+        const char *id = safe_id(k->id);
+        if (k->f1 == NULL || k->f2 == NULL) {
+            printf("fail\t%llu\t%s\tnull function pointer\n", (unsigned long long)i, id);
+            n_failed++;
+            fflush(stdout);
+            continue;
+        }
+        fill_arena(arena, arena_bytes);
+        int sig = run_kernel(k, arena, (long)reps, (long)warmup, (long)timeout_ms, papi, samples);
+        if (sig != 0) {
+            printf("fail\t%llu\t%s\t%s\n", (unsigned long long)i, id, signal_name(sig));
+            n_failed++;
+        } else {
+            for (long long r = 0; r < reps; r++) {
+                const struct sample *s = &samples[r];
+                printf("row\t%llu\t%s\t%lld\t%llu\t%llu\t%lld\t%lld\t%lld\t%lld\n",
+                       (unsigned long long)i, id, r, (unsigned long long)s->ticks1,
+                       (unsigned long long)s->ticks2, s->cycles1, s->cycles2, s->insns1,
+                       s->insns2);
+            }
+            n_ok++;
+        }
+        fflush(stdout);
+    }
+
+    calibrate("after", (uint64_t)calib_adds);
+    printf("done\t%ld\t%ld\n", n_ok, n_failed);
+    fflush(stdout);
+    return 0;
+}

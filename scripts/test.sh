@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Install (scripts/install.sh), lint, then run the tests. Extra arguments go to pytest.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+bash scripts/install.sh
+.venv/bin/ruff check src tests workflow
+exec .venv/bin/pytest -q "$@"

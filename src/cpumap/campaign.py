@@ -1,0 +1,194 @@
+"""Measuring campaigns: which kernels to measure, in batches, and the rows they produce."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import asmgen, db, harness
+from .asmgen import GenParams
+from .isa import host_flags
+from .x86 import FormSpec
+
+
+def gen_params(bench: Mapping) -> GenParams:
+    return GenParams(int(bench.get("unroll_size", 200)), int(bench.get("total_insn", 200_000)),
+                     int(bench.get("arena_bytes", 4096)))
+
+
+def measurement_params(bench: Mapping) -> dict:
+    """Everything that changes what a measurement means; hashed into params_id."""
+    return gen_params(bench).as_dict() | {"warmup": int(bench.get("warmup", 2))}
+
+
+def read_form_list(path: Path) -> list[str]:
+    """Form names, one per line; '#' starts a comment."""
+    names = []
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    return names
+
+
+def select_forms(forms: pd.DataFrame, selection: Mapping, base: Path | None = None) -> list[str]:
+    """Names of the forms a profile measures; a named form missing from the catalogue is an error.
+
+    Forms of the list that this CPU cannot run stay out (they are reported as excluded).
+    """
+    ok = set(forms.loc[forms.status == "ok", "name"])
+    which = selection.get("forms", "quick")
+    if which == "all":
+        return sorted(ok)
+    path = Path(selection.get("quick_list", "config/quick_forms.txt"))
+    if base is not None and not path.is_absolute():
+        path = Path(base) / path
+    names = read_form_list(path)
+    known = set(forms["name"])
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{path}: unknown form(s) {', '.join(unknown)}")
+    return [n for n in names if n in ok]
+
+
+def plan_singletons(forms: pd.DataFrame, selection: Mapping, batch_size: int,
+                    base: Path | None = None) -> list[list[str]]:
+    names = select_forms(forms, selection, base)
+    return [names[i:i + batch_size] for i in range(0, len(names), batch_size)]
+
+
+def _specs(forms: pd.DataFrame, names) -> dict[str, FormSpec]:
+    rows = forms.set_index("name").loc[sorted(set(names))]
+    return {n: FormSpec.from_json(s) for n, s in zip(rows.index, rows["spec"], strict=True)}
+
+
+def _base_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insns: int) -> dict:
+    return {
+        "machine_id": machine_id, "host": socket.gethostname(), "backend": "native",
+        "kernel_id": asmgen.kernel_id(canon), "kernel": canon, "n_insns": n_insns,
+        "params_id": db.params_id(params), "params": json.dumps(params, sort_keys=True),
+        "harness_version": harness.HARNESS_VERSION, "batch_id": batch_id,
+    }
+
+
+def measure_batch(
+    kernels: list[str],
+    forms: pd.DataFrame,
+    machine: dict,
+    bench: Mapping,
+    workdir: Path,
+    harness_bin: Path,
+    batch_id: str,
+    progress: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """Generate, compile and measure kernels (canonical texts) as one batch; return DB rows.
+
+    A kernel that cannot be generated or that fails in the harness gets a ``failed`` row with
+    the reason; the rest of the batch is measured normally.
+    """
+    say = progress or (lambda _m: None)
+    machine_id = machine["machine_id"]
+    params = measurement_params(bench)
+    flags = host_flags(machine)
+    parsed = [asmgen.parse_canonical(k) for k in kernels]
+    ok_forms = set(forms.loc[forms.status == "ok", "name"])
+    specs = _specs(forms, [n for k in parsed for n in k if n in ok_forms])
+    now = pd.Timestamp(datetime.now(UTC)).floor("us")
+    rows: list[dict] = []
+    good: list[dict[str, int]] = []
+    for k in parsed:
+        canon = asmgen.canonical(k)
+        bad = [n for n in k if n not in ok_forms]
+        err = f"form(s) not measurable here: {', '.join(bad)}" if bad else ""
+        if not err:
+            try:
+                asmgen.plan_pools([specs[n] for n in k])
+            except asmgen.KernelError as exc:
+                err = str(exc)
+        if err:
+            rows.append(_base_row(machine_id, batch_id, params, canon, sum(k.values()))
+                        | {"status": "failed", "error": err, "rep": -1, "timestamp": now})
+        else:
+            good.append(k)
+    if good:
+        t0 = time.monotonic()
+        asm, metas = asmgen.generate_batch(good, specs, gen_params(bench), flags)
+        so = asmgen.compile_batch(asm, Path(workdir) / f"{batch_id}.so")
+        say(f"{batch_id}: generated and compiled {len(good)} kernels in "
+            f"{time.monotonic() - t0:.1f} s")
+
+        def tick(done: int) -> None:
+            el = time.monotonic() - t0
+            say(f"{batch_id}: {done}/{len(good)} kernels, {len(good) - done} left, "
+                f"{done / max(el, 1e-9):.1f} kernels/s")
+
+        res = harness.run_batch(
+            so, len(good), reps=int(bench.get("num_measures", 10)),
+            warmup=int(bench.get("warmup", 2)), cpu=bench.get("cpu"),
+            timeout_s=float(bench.get("timeout_s", 10)), clock=str(bench.get("clock", "auto")),
+            harness_bin=harness_bin, progress=tick,
+        )
+        rows += rows_from_result(res, metas, machine_id, batch_id, params, now)
+    df = pd.DataFrame(rows)
+    return db.conform(df)
+
+
+def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict]:
+    """Turn harness output into DB rows (one per repetition, or one per failed kernel)."""
+    rows = []
+    ratio = harness.calib_ratio(res)
+    by_index = {m.index: m for m in metas}
+    for r in res.rows:
+        m = by_index[int(r["index"])]
+        base = _base_row(machine_id, batch_id, params, m.kernel, m.n_insns)
+        if res.clock == "papi":
+            cycles = float(r["cycles2"] - r["cycles1"])
+            instructions = int(r["insns2"] - r["insns1"])
+            row_ratio = np.nan
+        else:
+            cycles = float(r["ticks2"] - r["ticks1"]) * ratio
+            instructions = m.insns2 - m.insns1
+            row_ratio = ratio
+        rows.append(base | {
+            "rep": int(r["rep"]), "status": "ok", "error": "", "clock": res.clock,
+            "insn_source": res.insn_source, "ticks1": int(r["ticks1"]),
+            "ticks2": int(r["ticks2"]), "cycles1": int(r["cycles1"]),
+            "cycles2": int(r["cycles2"]), "calib_ratio": row_ratio, "instances": m.instances,
+            "instructions": instructions, "cycles": cycles,
+            "cycles_per_instance": cycles / m.instances, "timestamp": now,
+        })
+    for idx, reason in res.failures.items():
+        m = by_index[int(idx)]
+        rows.append(_base_row(machine_id, batch_id, params, m.kernel, m.n_insns) | {
+            "rep": -1, "status": "failed", "error": reason, "clock": res.clock,
+            "insn_source": res.insn_source, "timestamp": now})
+    return rows
+
+
+def singleton_summary(forms: pd.DataFrame, rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary counts by outcome and reason, per-form singleton table)."""
+    agg = db.aggregate(rows[rows.status == "ok"]) if len(rows) else pd.DataFrame()
+    measured = set(agg["kernel"]) if len(agg) else set()
+    failed_rows = rows[(rows.status == "failed") & ~rows.kernel.isin(measured)]
+    failed = failed_rows.drop_duplicates("kernel")
+    counts = [{"outcome": "measured", "reason": "", "forms": len(measured)}]
+    for reason, n in failed.error.value_counts().items():
+        counts.append({"outcome": "failed", "reason": reason, "forms": int(n)})
+    excl = forms[forms.status != "ok"]
+    for reason, n in excl.reason.value_counts().items():
+        counts.append({"outcome": "excluded", "reason": reason, "forms": int(n)})
+    summary = pd.DataFrame(counts)
+    if len(agg):
+        table = agg.merge(forms[["name", "att_template", "extension", "category"]],
+                          left_on="kernel", right_on="name", how="left").drop(columns="name")
+        table = table.sort_values("kernel").reset_index(drop=True)
+    else:
+        table = pd.DataFrame()
+    return summary, table

@@ -1,0 +1,218 @@
+"""Command-line tool: measure kernels, inspect the catalogue and the machine.
+
+Exit codes: 0 success, 1 a measurement or tool failure, 2 bad input (unknown instruction, bad
+option), so that scripts can tell "you asked for something impossible" from "it broke".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from . import asmgen, campaign, db, harness, io, isa, machine
+
+DEFAULT_BENCH = {"unroll_size": 200, "total_insn": 200_000, "num_measures": 10, "warmup": 2,
+                 "arena_bytes": 4096, "cpu": None, "timeout_s": 10, "clock": "auto"}
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported with exit code 2."""
+
+
+def _log(msg: str) -> None:
+    print(f"cpumap: {msg}", file=sys.stderr, flush=True)
+
+
+class Context:
+    """Paths of one machine's results, created on demand (machine.json, harness, catalogue)."""
+
+    def __init__(self, results: Path):
+        self.results = Path(results)
+        self._desc: dict | None = None
+
+    @property
+    def desc(self) -> dict:
+        if self._desc is None:
+            self._desc = machine.describe()
+        return self._desc
+
+    @property
+    def root(self) -> Path:
+        return self.results / self.desc["machine_id"]
+
+    def machine_json(self) -> Path:
+        path = self.root / "machine.json"
+        if not path.exists():
+            machine.write_machine_json(path, self.desc)
+        return path
+
+    def harness_bin(self) -> Path:
+        return harness.build_harness(self.root / "bin")
+
+    def catalogue(self, rebuild: bool = False, smoke: bool = True) -> isa.Catalogue:
+        path = self.root / "isa" / "forms.parquet"
+        if rebuild or not path.exists():
+            self.machine_json()
+            _log(f"building the instruction catalogue for {self.desc['machine_id']} "
+                 "(once per machine)")
+            df = isa.build_catalogue(self.desc, self.root / "work" / "isa",
+                                     harness_bin=self.harness_bin() if smoke else None,
+                                     smoke_run=smoke, bench=DEFAULT_BENCH, progress=_log)
+            io.write_parquet_atomic(df, path)
+        return isa.Catalogue.load(path)
+
+
+def resolve_kernel(cat: isa.Catalogue, terms: list[str]) -> dict[str, int]:
+    kernel: dict[str, int] = {}
+    try:
+        for text, n in asmgen.parse_kernel_terms(terms):
+            name = cat.resolve(text)
+            kernel[name] = kernel.get(name, 0) + n
+    except (isa.UnknownInstruction, asmgen.KernelError) as exc:
+        raise UsageError(str(exc)) from exc
+    return kernel
+
+
+def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool) -> dict:
+    ok = rows[rows.status == "ok"]
+    if ok.empty:
+        errors = "; ".join(sorted(set(rows.error)))
+        raise RuntimeError(f"kernel {asmgen.canonical(kernel)} failed: {errors}")
+    agg = db.aggregate(ok).iloc[0]
+    cyc = float(agg["cycles_per_instance_median"])
+    return {
+        "kernel": asmgen.canonical(kernel), "kernel_id": str(agg["kernel_id"]),
+        "forms": sorted(kernel), "n_insns": int(agg["n_insns"]),
+        "cycles": cyc, "cycles_min": float(agg["cycles_per_instance_min"]),
+        "ipc": float(agg["n_insns"]) / cyc, "clock": str(ok.clock.iloc[0]),
+        "insn_source": str(ok.insn_source.iloc[0]), "repetitions": int(len(ok)),
+        "calib_ratio": float(ok.calib_ratio.median()), "machine_id": str(ok.machine_id.iloc[0]),
+        "params_id": str(ok.params_id.iloc[0]), "cached": cached,
+    }
+
+
+def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
+    bench = dict(DEFAULT_BENCH) | {"num_measures": args.repeat}
+    for key in ("unroll_size", "total_insn", "cpu"):
+        if getattr(args, key) is not None:
+            bench[key] = getattr(args, key)
+    cat = ctx.catalogue()
+    kernel = resolve_kernel(cat, args.instr)
+    canon = asmgen.canonical(kernel)
+    kid = asmgen.kernel_id(canon)
+    pid = db.params_id(campaign.measurement_params(bench))
+    db_dir = ctx.root / "db"
+    rows = None
+    if not args.force:
+        old = db.load(db_dir, machine_id=ctx.desc["machine_id"]) if db_dir.exists() else None
+        if old is not None and len(old):
+            sel = old[(old.kernel_id == kid) & (old.params_id == pid) & (old.status == "ok")
+                      & (old.harness_version == harness.HARNESS_VERSION)]
+            if len(sel) >= args.repeat:
+                rows = sel[sel.batch_id == sel.batch_id.iloc[-1]]
+    cached = rows is not None
+    if rows is None:
+        batch_id = f"cli-{time.strftime('%Y%m%dT%H%M%S')}-{kid[:8]}"
+        rows = campaign.measure_batch(
+            [canon], cat.df, ctx.desc, bench, ctx.root / "work" / "cli", ctx.harness_bin(),
+            batch_id, progress=_log if args.verbose else None)
+        if not args.no_db:
+            db.append(db_dir, rows, batch_id)
+    out = summarize(rows, kernel, cached)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['kernel']}: {out['cycles']:.4f} cycles per instance (min "
+              f"{out['cycles_min']:.4f}), IPC {out['ipc']:.3f}, {out['repetitions']} repetitions, "
+              f"clock {out['clock']}{' (cached)' if cached else ''}")
+    return 0
+
+
+def cmd_forms(args: argparse.Namespace, ctx: Context) -> int:
+    df = ctx.catalogue().df
+    if not args.all:
+        df = df[df.status == "ok"]
+    if args.pattern:
+        df = df[df.name.str.contains(args.pattern, case=False, regex=True)
+                | df.att_template.str.contains(args.pattern, case=False, regex=True)]
+    cols = ["name", "att_template", "extension", "category", "status", "reason"]
+    if args.json:
+        print(df[cols].to_json(orient="records", indent=1))
+    else:
+        with pd.option_context("display.max_rows", None, "display.width", 200):
+            print(df[cols].to_string(index=False))
+    return 0
+
+
+def cmd_catalogue(args: argparse.Namespace, ctx: Context) -> int:
+    df = ctx.catalogue(rebuild=args.rebuild, smoke=not args.no_smoke).df
+    print(f"{int((df.status == 'ok').sum())} forms ok, {int((df.status != 'ok').sum())} excluded")
+    print(df[df.status != "ok"].reason.value_counts().head(args.top).to_string())
+    return 0
+
+
+def cmd_machine(args: argparse.Namespace, ctx: Context) -> int:
+    path = ctx.machine_json()
+    if args.json:
+        print(path.read_text())
+    else:
+        d = ctx.desc
+        print(f"{d['machine_id']}: {d.get('model_name')} ({d.get('uarch')}), "
+              f"{path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cpumap", description=__doc__.splitlines()[0])
+    p.add_argument("--results", default="results", help="results directory (default: results)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="measure the throughput of one kernel (a multiset)")
+    m.add_argument("instr", nargs="+", help="form name or AT&T instruction, optionally *N")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--repeat", type=int, default=10, help="repetitions K (default 10)")
+    m.add_argument("--force", action="store_true", help="measure even if already in the DB")
+    m.add_argument("--no-db", action="store_true", help="do not store the rows")
+    m.add_argument("--unroll-size", type=int, dest="unroll_size")
+    m.add_argument("--total-insn", type=int, dest="total_insn")
+    m.add_argument("--cpu", type=int, help="core to pin the harness to")
+    m.add_argument("-v", "--verbose", action="store_true")
+    m.set_defaults(fn=cmd_measure)
+    f = sub.add_parser("forms", help="list instruction forms of the catalogue")
+    f.add_argument("pattern", nargs="?", help="regular expression on name or AT&T template")
+    f.add_argument("--all", action="store_true", help="include excluded forms")
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(fn=cmd_forms)
+    c = sub.add_parser("catalogue", help="build or summarize the instruction catalogue")
+    c.add_argument("--rebuild", action="store_true")
+    c.add_argument("--no-smoke", action="store_true", help="skip running each form once")
+    c.add_argument("--top", type=int, default=30)
+    c.set_defaults(fn=cmd_catalogue)
+    mc = sub.add_parser("machine", help="describe this machine")
+    mc.add_argument("--json", action="store_true")
+    mc.set_defaults(fn=cmd_machine)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "repeat", 1) < 1:
+        parser.error("--repeat must be at least 1")
+    ctx = Context(Path(args.results))
+    try:
+        return args.fn(args, ctx)
+    except UsageError as exc:
+        _log(f"error: {exc}")
+        return 2
+    except (RuntimeError, OSError, ValueError) as exc:
+        _log(f"error: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+# Stage 2: singleton measurements. The plan is a checkpoint: the number of batches
+# is known only once the catalogue exists. One job measures a whole batch.
+
+
+checkpoint plan_singletons:
+    input:
+        forms=FORMS,
+        quick_list=quick_list_input,
+    output:
+        plan=SINGLETON_PLAN,
+    log:
+        f"{LOGS}/plan_singletons.log",
+    params:
+        selection=config["selection"],
+        batch_size=config["bench"]["batch_size"],
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/plan_singletons.py"
+
+
+rule measure_batch:
+    input:
+        plan=SINGLETON_PLAN,
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        part=SINGLETON_PART,
+    log:
+        f"{LOGS}/measure/singletons-{{batch}}.log",
+    params:
+        batch_id=lambda wildcards: f"singletons-{wildcards.batch}",
+        bench=config["bench"],
+        workdir=lambda wildcards: f"{RESULTS}/{wildcards.mid}/bench/singletons/work/{wildcards.batch}",
+    threads: 1
+    resources:
+        # One measuring job per measuring slot: the workflow profile sets
+        # measure_slots=1 (at most one job measures at a time, so jobs never share
+        # a core or perturb each other); raise it only with one free core per slot.
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/measure_batch.py"

@@ -1,0 +1,47 @@
+# Stage 1: the host description, the measuring harness and the instruction-form catalogue.
+
+
+rule machine:
+    output:
+        json=MACHINE_JSON,
+    log:
+        f"{LOGS}/machine.log",
+    params:
+        machine=config["machine"],
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/machine.py"
+
+
+rule harness:
+    input:
+        source="harness/papi_bench.c",
+    output:
+        bin=HARNESS_BIN,
+    log:
+        f"{LOGS}/harness.log",
+    params:
+        out_dir=lambda wildcards, output: str(Path(output.bin).parent),
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/build_harness.py"
+
+
+rule catalogue:
+    input:
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        forms=FORMS,
+    log:
+        f"{LOGS}/catalogue.log",
+    params:
+        workdir=f"{MDIR}/isa/work",
+        smoke_run=config["catalogue"]["smoke_run"],
+        bench=config["bench"],
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/catalogue.py"

@@ -1,0 +1,47 @@
+"""Rule measure_batch: generate, compile and measure one batch; store its rows as a DB part."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+from cpumap import db  # noqa: E402
+from cpumap.campaign import measure_batch  # noqa: E402
+from cpumap.io import read_parquet_checked  # noqa: E402
+
+with open(snakemake.input.plan, encoding="utf-8") as handle:
+    batches = json.load(handle)["batches"]
+by_key = {db.batch_key(i, kernels): kernels for i, kernels in enumerate(batches)}
+kernels = by_key[snakemake.wildcards.batch]
+with open(snakemake.input.machine, encoding="utf-8") as handle:
+    machine = json.load(handle)
+
+# One work directory per batch: parallel jobs never share temporary files, and a
+# rerun starts clean. It is removed once the rows are safely stored.
+workdir = Path(snakemake.params.workdir)
+shutil.rmtree(workdir, ignore_errors=True)
+workdir.mkdir(parents=True)
+
+rows = measure_batch(
+    kernels,
+    read_parquet_checked(snakemake.input.forms),
+    machine,
+    dict(snakemake.params.bench),
+    workdir,
+    Path(snakemake.input.harness),
+    snakemake.params.batch_id,
+    progress=lambda message: print(message, flush=True),
+)
+part = db.append(Path(snakemake.output.part).parent, rows, snakemake.params.batch_id)
+if part.resolve() != Path(snakemake.output.part).resolve():
+    raise SystemExit(f"DB part written to {part}, expected {snakemake.output.part}")
+shutil.rmtree(workdir, ignore_errors=True)
+n_ok = int((rows["status"] == "ok").sum())
+print(f"stored {len(rows)} rows ({n_ok} ok) in {part}")
