@@ -237,6 +237,12 @@ def _function(label: str, body: list[str], n_body: int, specs: list[FormSpec],
             pro += [f"vmovdqu (%r14), %ymm{i}" for i in range(16)]
         else:
             pro += [f"movdqu (%r14), %xmm{i}" for i in range(16)]
+    if _uses(specs, "VEC") and "avx" in host_flags and any(
+            s.encoding == "LEGACY" and any(o.cls == "VEC" for o in s.operands) for s in specs):
+        # Legacy SSE writes merge into the upper lanes: with dirty upper state every SSE
+        # instruction depends on its destination's previous value (measured: ADDPD 1.0
+        # instead of 0.5 cycles on Zen 4). A clean upper state is what compiled SSE code sees.
+        pro.append("vzeroupper")
     if _uses(specs, "MMX"):
         pro += [f"movq (%r14), %mm{i}" for i in range(8)]
     for r in x86.GPR64:
