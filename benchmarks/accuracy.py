@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Acceptance figures for ``cpumap measure``: agreement, repeatability, linearity, pairs.
+
+Why: a throughput number is only useful if it is right (agrees with an independent
+measurement), stable (the same kernel measured again gives the same number), and behaves like
+throughput should when kernels are combined (A*2 costs twice A; A B costs at least the slower
+of A and B). Each check prints PASS/FAIL; the script always exits 0 because it is a report,
+not a gate. cpumap is run as a subprocess, exactly as a user would run it.
+
+Checks:
+(a) agreement: cycles of each form of benchmarks/independent.py vs cpumap, |rel diff| <= 5%;
+(b) repeatability: 5 separate invocations per kernel, (max - min) / min of medians <= 1%;
+(c) linearity: cycles(A*2) / cycles(A) within 2% of 2;
+(d) pairs: cycles(A B) >= max(cycles(A), cycles(B)) * 0.99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPEAT_KERNELS = [["ADD_R64_R64"], ["VADDPD_YMM_YMM_YMM"], ["MOV_R64_M64"]]
+LINEAR_FORMS = ["ADD_R64_R64", "VADDPD_YMM_YMM_YMM", "IMUL_R64_R64", "VFMADD231PD_ZMM_ZMM_ZMM",
+                "MOV_R64_M64", "MOV_M64_R64"]
+PAIRS = [("ADD_R64_R64", "VADDPD_YMM_YMM_YMM"), ("MOV_R64_M64", "MOV_M64_R64"),
+         ("IMUL_R64_R64", "ADD_R64_R64"), ("VFMADD231PD_ZMM_ZMM_ZMM", "VADDPD_ZMM_ZMM_ZMM")]
+
+
+class Runner:
+    """Runs ``cpumap measure --json --force --no-db`` and memoises results per kernel when asked."""
+
+    def __init__(self, exe: str, results: str, cpu: int, repeat: int | None):
+        # --no-db: a report must not add rows to the database; it also sidesteps the DB part
+        # name (second resolution) colliding when one kernel is measured twice in a second.
+        self.base = [exe, "--results", results, "measure", "--json", "--force", "--no-db",
+                     "--cpu", str(cpu)]
+        if repeat:
+            self.base += ["--repeat", str(repeat)]
+        self.memo: dict[tuple[str, ...], float | None] = {}
+
+    def fresh(self, instrs: list[str]) -> float | None:
+        """One new invocation; None (reported as FAIL) if cpumap fails."""
+        proc = subprocess.run(self.base + instrs, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"  cpumap failed on {' '.join(instrs)}: {proc.stderr.strip()[-300:]}",
+                  file=sys.stderr)
+            return None
+        return float(json.loads(proc.stdout)["cycles"])
+
+    def cycles(self, instrs: list[str]) -> float | None:
+        """Memoised: the same kernel is measured once across sections (a), (c) and (d)."""
+        key = tuple(instrs)
+        if key not in self.memo:
+            self.memo[key] = self.fresh(instrs)
+        return self.memo[key]
+
+
+def fmt(x: float | None, spec: str = ".4f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def agreement(run: Runner, cpu: int) -> list[dict]:
+    """(a) cpumap vs the independent inline-asm measurement."""
+    cmd = [sys.executable, str(HERE / "independent.py"), "--json", "--cpu", str(cpu)]
+    ref = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    print(f"(a) agreement with benchmarks/independent.py (core clock {ref['_ghz']:.4f} GHz)")
+    rows = []
+    for form, ind in ref.items():
+        if form.startswith("_"):
+            continue
+        c = run.cycles([form])
+        rel = None if c is None else c / ind - 1
+        ok = rel is not None and abs(rel) <= 0.05
+        rows.append({"form": form, "cpumap": c, "independent": ind, "rel_diff": rel, "pass": ok})
+        print(f"  {form:<26} cpumap {fmt(c)}  indep {ind:.4f}  diff {fmt(rel, '+.2%'):>8}  "
+              f"{'PASS' if ok else 'FAIL'}")
+    return rows
+
+
+def repeatability(run: Runner, n: int) -> list[dict]:
+    """(b) spread of the medians of n separate invocations."""
+    print(f"(b) repeatability over {n} invocations, (max-min)/min <= 1%")
+    rows = []
+    for kernel in REPEAT_KERNELS:
+        vals = [run.fresh(kernel) for _ in range(n)]
+        good = [v for v in vals if v is not None]
+        spread = (max(good) - min(good)) / min(good) if len(good) == n else None
+        ok = spread is not None and spread <= 0.01
+        rows.append({"kernel": " ".join(kernel), "cycles": vals, "spread": spread, "pass": ok})
+        print(f"  {' '.join(kernel):<26} min {fmt(min(good, default=None))}  "
+              f"max {fmt(max(good, default=None))}  spread {fmt(spread, '.3%'):>7}  "
+              f"{'PASS' if ok else 'FAIL'}")
+    return rows
+
+
+def linearity(run: Runner) -> list[dict]:
+    """(c) A*2 must cost twice A (cycles are per kernel instance)."""
+    print("(c) linearity: cycles(A*2) / cycles(A) within 2% of 2")
+    rows = []
+    for form in LINEAR_FORMS:
+        one, two = run.cycles([form]), run.cycles([f"{form}*2"])
+        ratio = None if one is None or two is None else two / one
+        ok = ratio is not None and abs(ratio / 2 - 1) <= 0.02
+        rows.append({"form": form, "cycles": one, "cycles_x2": two, "ratio": ratio, "pass": ok})
+        print(f"  {form:<26} A {fmt(one)}  A*2 {fmt(two)}  ratio {fmt(ratio, '.4f')}  "
+              f"{'PASS' if ok else 'FAIL'}")
+    return rows
+
+
+def pairs(run: Runner) -> list[dict]:
+    """(d) a kernel cannot be faster than its slowest part."""
+    print("(d) pairs: cycles(A B) >= max(cycles(A), cycles(B)) * 0.99")
+    rows = []
+    for a, b in PAIRS:
+        ca, cb, cab = run.cycles([a]), run.cycles([b]), run.cycles([a, b])
+        ok = None not in (ca, cb, cab) and cab >= max(ca, cb) * 0.99
+        rows.append({"a": a, "b": b, "cycles_a": ca, "cycles_b": cb, "cycles_ab": cab,
+                     "pass": ok})
+        print(f"  {a + ' ' + b:<44} A {fmt(ca)}  B {fmt(cb)}  AB {fmt(cab)}  "
+              f"{'PASS' if ok else 'FAIL'}")
+    return rows
+
+
+def main() -> int:
+    """Run the four sections, print the report, and a summary line."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_exe = HERE.parent / ".venv" / "bin" / "cpumap"
+    p.add_argument("--cpumap", default=str(default_exe) if default_exe.exists()
+                   else shutil.which("cpumap"), help="cpumap executable")
+    p.add_argument("--results", default="/tmp/bench-results", help="cpumap results directory")
+    p.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)),
+                   help="CPU for both cpumap and independent.py (default: last allowed)")
+    p.add_argument("--repeat", type=int, help="cpumap --repeat K (default: cpumap's)")
+    p.add_argument("--invocations", type=int, default=5, help="for the repeatability check")
+    p.add_argument("--json", action="store_true", help="also write the figures as JSON")
+    a = p.parse_args()
+    if not a.cpumap:
+        p.error("cpumap executable not found; pass --cpumap")
+    run = Runner(a.cpumap, a.results, a.cpu, a.repeat)
+    report = {"cpu": a.cpu, "agreement": agreement(run, a.cpu),
+              "repeatability": repeatability(run, a.invocations),
+              "linearity": linearity(run), "pairs": pairs(run)}
+    counts = {k: (sum(r["pass"] for r in v), len(v)) for k, v in report.items() if k != "cpu"}
+    report["summary"] = {k: {"pass": p_, "total": t} for k, (p_, t) in counts.items()}
+    if a.json:
+        print(json.dumps(report, indent=2))
+    print("summary: " + ", ".join(f"{k} {p_}/{t}" for k, (p_, t) in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The command-line tool on this machine: real measurements, and clear errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpumap import cli, io
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, catalogue_df, host) -> Path:
+    """A results directory with this machine's catalogue (built without the smoke run)."""
+    root = tmp_path_factory.mktemp("results")
+    io.write_parquet_atomic(catalogue_df, root / host["machine_id"] / "isa" / "forms.parquet")
+    return root
+
+
+def run(results: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cpumap.cli", "--results", str(results), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("instr,needle", [
+    ("frobnicate %rax", "frobnicate"),
+    ("NOT_A_FORM*2", "NOT_A_FORM"),
+    ("jmp *%rax", "JMP_R64"),
+    ("cpuid", "VM exit"),
+    ("ADD_R64_R64*0", "multiplicity"),
+])
+def test_measure_rejects_with_exit_2(results, instr, needle):
+    proc = run(results, "measure", "--json", instr)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_measure_json_add_and_linearity(results):
+    """add r64,r64 alone and doubled; physics: 1/ALU-count cycles, A*2 = 2 x A."""
+    one = json.loads(run(results, "measure", "--json", "--force", "addq %rax, %rbx").stdout)
+    two = json.loads(run(results, "measure", "--json", "--force", "ADD_R64_R64*2").stdout)
+    assert one["forms"] == ["ADD_R64_R64"] and one["n_insns"] == 1
+    assert one["clock"] in ("papi", "tsc-calibrated")
+    assert one["repetitions"] == 10
+    # at most 8 simple integer ALUs on any x86 core, at least one per cycle
+    assert 0.12 <= one["cycles"] <= 1.0
+    assert one["ipc"] == pytest.approx(1 / one["cycles"])
+    assert two["cycles"] == pytest.approx(2 * one["cycles"], rel=0.05)
+
+
+def test_measure_is_cached_then_forced(results):
+    first = json.loads(run(results, "measure", "--json", "--repeat", "3", "VADDPD_YMM_YMM_YMM")
+                       .stdout)
+    again = json.loads(run(results, "measure", "--json", "--repeat", "3", "VADDPD_YMM_YMM_YMM")
+                       .stdout)
+    assert again["cached"] and again["cycles"] == first["cycles"]
+    forced = json.loads(run(results, "measure", "--json", "--repeat", "3", "--force",
+                            "VADDPD_YMM_YMM_YMM").stdout)
+    assert not forced["cached"]
+
+
+def test_bad_option_exit_2(results):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--results", str(results), "measure", "--repeat", "0", "ADD_R64_R64"])
+    assert exc.value.code == 2
