@@ -72,7 +72,7 @@ def test_register_pools(catalogue, host, kernel):
                 writes_of_class[cls] = writes_of_class.get(cls, 0) + 1
                 last_write[reg] = writes_of_class[cls] - 1
         for reg, _acc in regs:
-            assert reg not in (x86.MEM_BASE, x86.LOOP_COUNTER, "RSP")
+            assert reg not in (x86.MEM_BASE, x86.WRITE_BASE, x86.LOOP_COUNTER, "RSP")
             for imp, _a in specs[next(iter(specs))].implicit:
                 if all(imp in dict(s.implicit) for s in specs.values()):
                     assert reg != imp
@@ -87,12 +87,16 @@ def test_memory_operands_stay_in_their_half(catalogue, host, kernel):
     for fn in ("f1", "f2"):
         for ins in body(asm, 0, fn):
             for mem in factory.info(ins).used_memory():
-                assert x86.REG_NAMES[mem.base] == x86.MEM_BASE
                 size = max(1, x86.MemorySizeInfo(mem.memory_size).size)
-                lo, hi = mem.displacement, mem.displacement + size
+                # the write half has its own base register, which points at arena + half
+                base = x86.REG_NAMES[mem.base]
+                lo = mem.displacement + (half if base == x86.WRITE_BASE else 0)
+                hi = lo + size
                 if mem.access in WRITES:
+                    assert base == x86.WRITE_BASE
                     assert half <= lo and hi <= 2 * half
                 else:
+                    assert base == x86.MEM_BASE
                     assert 0 <= lo and hi <= half
 
 

@@ -46,3 +46,12 @@ def test_tiny_pipeline_and_rerun(tmp_path, host):
     assert proc.returncode == 0
     assert "Nothing to be done" in proc.stdout + proc.stderr
     assert [p.stat().st_mtime_ns for p in parts] == mtimes
+    # a changed selection measures only the new kernel; the summary still covers all four
+    forms.write_text("ADD_R64_R64\nVADDPD_YMM_YMM_YMM\nMOV_R64_M64\nIMUL_R64_R64\n")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pd.concat(pd.read_parquet(p) for p in (mdir / "db").glob("part-*.parquet"))
+    assert rows.groupby("kernel").size().to_dict() == {
+        "ADD_R64_R64": 3, "IMUL_R64_R64": 3, "MOV_R64_M64": 3, "VADDPD_YMM_YMM_YMM": 3}
+    table = pd.read_csv(mdir / "bench/singletons/singletons.tsv", sep="\t")
+    assert len(table) == 4

@@ -18,7 +18,8 @@ instruction needs, and a write pool with the rest; written (and read-written) op
 write pool round robin, so a register is written again only after every other register of the
 pool. Registers used implicitly by a form of the kernel (RAX/RDX of MUL, CL of shifts, ...) are in
 neither pool. Memory: the arena is split in a read half and a write half; every memory operand is
-``disp(%r14)`` with a fixed base and displacements rotating over 64-byte slots of its half (and over
+``disp(%r14)`` (reads) or ``disp(%r13)`` (writes: a base register of its own) with a fixed
+base and displacements rotating over 64-byte slots of its half (and over
 size-aligned offsets inside the slot, to spread accesses over the L1 banks).
 
 Instructions are emitted as the bytes iced-x86 encodes (with the AT&T text as a comment) so that
@@ -161,11 +162,12 @@ class Emitter:
     rr_mem: Counter = field(default_factory=Counter)
     cache: dict = field(default_factory=dict)
 
-    def operands_for(self, name: str) -> tuple[list[str | None], int]:
+    def operands_for(self, name: str) -> tuple[list[str | None], int, str]:
         spec = self.specs[name]
         regs: list[str | None] = []
         reads: Counter = Counter()
         displ = 0
+        base = x86.MEM_BASE
         half = self.arena_bytes // 2
         slots = max(1, half // SLOT_BYTES)
         for op in spec.operands:
@@ -187,17 +189,18 @@ class Emitter:
                 # different lines conflict (measured: 2.5 instead of 3 loads/cycle on Zen 4).
                 size = max(1, op.width // 8)
                 inline = (slot * size) % SLOT_BYTES if size < SLOT_BYTES else 0
-                displ = (half if side == "w" else 0) + slot * SLOT_BYTES + inline
+                displ = slot * SLOT_BYTES + inline
+                base = x86.WRITE_BASE if side == "w" else x86.MEM_BASE
                 regs.append(None)
             else:
                 regs.append(None)
-        return regs, displ
+        return regs, displ, base
 
     def emit(self, name: str) -> tuple[bytes, str]:
-        regs, displ = self.operands_for(name)
-        key = (name, tuple(regs), displ)
+        regs, displ, base = self.operands_for(name)
+        key = (name, tuple(regs), displ, base)
         if key not in self.cache:
-            instr = x86.instantiate(self.specs[name], regs, displ)
+            instr = x86.instantiate(self.specs[name], regs, displ, base=base)
             self.cache[key] = (x86.encode(instr), x86.att(instr))
         return self.cache[key]
 
@@ -222,12 +225,12 @@ def _uses(specs: list[FormSpec], cls: str) -> bool:
 
 
 def _function(label: str, body: list[str], n_body: int, specs: list[FormSpec],
-              host_flags: set[str]) -> tuple[list[str], int]:
+              host_flags: set[str], arena_bytes: int) -> tuple[list[str], int]:
     """Assembly of one measured function; returns lines and its instruction count w/o body."""
     pro = ["push %rbx", "push %rbp", "push %r12", "push %r13", "push %r14", "push %r15",
            "sub $8, %rsp", "stmxcsr (%rsp)", "mov (%rsp), %eax", "or $0x8040, %eax",
            "mov %eax, 4(%rsp)", "ldmxcsr 4(%rsp)",  # FTZ|DAZ: no denormal assists
-           "mov %rsi, %r14", "mov %rdi, %r15"]
+           "mov %rsi, %r14", f"lea {arena_bytes // 2}(%rsi), %r13", "mov %rdi, %r15"]
     if _uses(specs, "K") and "avx512f" in host_flags:
         pro += ["mov $-1, %eax"] + [f"kmovw %eax, %k{i}" for i in range(8)]
     if _uses(specs, "VEC"):
@@ -292,7 +295,8 @@ def generate_batch(
                     code, text = em.emit(name)
                     body.append("    .byte " + ",".join(f"{b:#04x}" for b in code)
                                 + f"  # {text}")
-            lines, fixed = _function(f"cpumap_k{i}_{fn}", body, len(body), kspecs, host_flags)
+            lines, fixed = _function(f"cpumap_k{i}_{fn}", body, len(body), kspecs, host_flags,
+                                     params.arena_bytes)
             out += lines
             counts.append(fixed + iters * (len(body) + 2))
         meta = KernelMeta(i, canon, kernel_id(canon), m, unroll, iters, counts[0], counts[1],

@@ -87,17 +87,24 @@ def measure_batch(
     harness_bin: Path,
     batch_id: str,
     progress: Callable[[str], None] | None = None,
+    skip: set[str] | frozenset[str] = frozenset(),
 ) -> pd.DataFrame:
     """Generate, compile and measure kernels (canonical texts) as one batch; return DB rows.
 
     A kernel that cannot be generated or that fails in the harness gets a ``failed`` row with
-    the reason; the rest of the batch is measured normally.
+    the reason; the rest of the batch is measured normally. Kernels whose id is in ``skip``
+    (already in the database) produce no rows.
     """
     say = progress or (lambda _m: None)
     machine_id = machine["machine_id"]
     params = measurement_params(bench)
     flags = host_flags(machine)
     parsed = [asmgen.parse_canonical(k) for k in kernels]
+    n_all = len(parsed)
+    parsed = [k for k in parsed if asmgen.kernel_id(asmgen.canonical(k)) not in skip]
+    if len(parsed) < n_all:
+        say(f"{batch_id}: {n_all - len(parsed)} of {n_all} kernels already in the database, "
+            "not measured again")
     ok_forms = set(forms.loc[forms.status == "ok", "name"])
     specs = _specs(forms, [n for k in parsed for n in k if n in ok_forms])
     now = pd.Timestamp(datetime.now(UTC)).floor("us")
@@ -144,7 +151,7 @@ def measure_batch(
         )
         rows += rows_from_result(res, metas, machine_id, batch_id, params, now)
     df = pd.DataFrame(rows)
-    return db.conform(df)
+    return db.conform(df) if len(df) else db.empty_frame()
 
 
 def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -117,7 +118,10 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
                 rows = sel[sel.batch_id == sel.batch_id.iloc[-1]]
     cached = rows is not None
     if rows is None:
-        batch_id = f"cli-{time.strftime('%Y%m%dT%H%M%S')}-{kid[:8]}"
+        # unique per invocation: two measurements of one kernel in the same second must not
+        # collide (parts are never overwritten)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        batch_id = f"cli-{stamp}-{os.getpid()}-{kid[:8]}"
         rows = campaign.measure_batch(
             [canon], cat.df, ctx.desc, bench, ctx.root / "work" / "cli", ctx.harness_bin(),
             batch_id, progress=_log if args.verbose else None)

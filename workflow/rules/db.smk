@@ -4,12 +4,15 @@
 rule singleton_summary:
     input:
         parts=singleton_parts,
+        plan=SINGLETON_PLAN,
         forms=FORMS,
     output:
         summary=SINGLETON_SUMMARY,
         singletons=SINGLETON_TABLE,
     log:
         f"{LOGS}/singleton_summary.log",
+    params:
+        bench=config["bench"],
     conda:
         "../../envs/cpumap.yaml"
     script:

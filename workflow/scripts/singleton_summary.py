@@ -1,5 +1,6 @@
 """Rule singleton_summary: outcome counts and the per-form singleton table."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,12 +12,21 @@ from cpumap.io import redirect_output  # noqa: E402
 redirect_output(snakemake.log[0])
 
 from cpumap import db  # noqa: E402
-from cpumap.campaign import singleton_summary  # noqa: E402
+from cpumap.campaign import measurement_params, singleton_summary  # noqa: E402
+from cpumap.harness import HARNESS_VERSION  # noqa: E402
 from cpumap.io import read_parquet_checked, write_tsv_atomic  # noqa: E402
 
 forms = read_parquet_checked(snakemake.input.forms)
-rows = db.load_parts(snakemake.input.parts)
+with open(snakemake.input.plan, encoding="utf-8") as handle:
+    kernels = {k for batch in json.load(handle)["batches"] for k in batch}
+# All rows of this machine, parameters and harness for the plan's kernels: the plan's own
+# parts plus earlier parts that already held some of its kernels (those were not remeasured).
+db_dir = Path(snakemake.input.parts[0]).parent if snakemake.input.parts else None
+rows = db.load(db_dir, machine_id=snakemake.wildcards.mid) if db_dir else db.empty_frame()
+rows = rows[rows.kernel.isin(kernels)
+            & (rows.params_id == db.params_id(measurement_params(snakemake.params.bench)))
+            & (rows.harness_version == HARNESS_VERSION)]
 summary, singletons = singleton_summary(forms, rows)
 write_tsv_atomic(summary, snakemake.output.summary)
 write_tsv_atomic(singletons, snakemake.output.singletons)
-print(f"{len(rows)} rows from {len(snakemake.input.parts)} parts; {len(singletons)} forms")
+print(f"{len(rows)} rows for {len(kernels)} planned kernels; {len(singletons)} forms measured")
