@@ -115,9 +115,10 @@ def test_subrange_and_cli_errors(build):
                           "--start", "1", "--count", "1", "--clock", "tsc"],
                          capture_output=True, text=True, check=True).stdout
     kinds = [line.split("\t")[0] for line in out.splitlines()]
-    assert kinds == ["clock", "calib", "row", "calib", "done"]
+    assert kinds == ["clock", "calib", "kcalib", "row", "calib", "done"]
     assert out.splitlines()[0] == "clock\ttsc-calibrated\tderived"
-    assert out.splitlines()[2].split("\t")[1:3] == ["1", "c0de0002"]
+    assert out.splitlines()[2].split("\t")[1] == "1"
+    assert out.splitlines()[3].split("\t")[1:3] == ["1", "c0de0002"]
     assert out.splitlines()[-1] == "done\t1\t0"
     usage = subprocess.run([bench, "--so", "x.so", "--reps", "0", "--warmup", "0"],
                            capture_output=True, text=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -25,7 +26,9 @@ def gen_params(bench: Mapping) -> GenParams:
 
 def measurement_params(bench: Mapping) -> dict:
     """Everything that changes what a measurement means; hashed into params_id."""
-    return gen_params(bench).as_dict() | {"warmup": int(bench.get("warmup", 2))}
+    reps, rounds = split_repetitions(bench)
+    return gen_params(bench).as_dict() | {"warmup": int(bench.get("warmup", 2)),
+                                          "rounds": rounds}
 
 
 def read_form_list(path: Path) -> list[str]:
@@ -133,25 +136,73 @@ def measure_batch(
 
         t_run = time.monotonic()
         last = [t_run]
+        reps, rounds = split_repetitions(bench)
+        total = len(good) * rounds
+
+        offset = [0]  # kernel runs of the rounds already finished
 
         def tick(done: int) -> None:
             now_t = time.monotonic()
-            if done < len(good) and now_t - last[0] < 2.0:
+            finished = offset[0] + done
+            if finished < total and now_t - last[0] < 2.0:
                 return  # a progress line every 2 s is enough, and costs nothing
             last[0] = now_t
             el = now_t - t_run
-            say(f"{batch_id}: {done}/{len(good)} kernels measured, {len(good) - done} left, "
-                f"{done / max(el, 1e-9):.1f} kernels/s")
+            say(f"{batch_id}: {finished}/{total} kernel runs ({rounds} rounds), "
+                f"{total - finished} left, {finished / max(el, 1e-9):.1f} runs/s")
 
-        res = harness.run_batch(
-            so, len(good), reps=int(bench.get("num_measures", 10)),
-            warmup=int(bench.get("warmup", 2)), cpu=bench.get("cpu"),
-            timeout_s=float(bench.get("timeout_s", 10)), clock=str(bench.get("clock", "auto")),
-            harness_bin=harness_bin, progress=tick,
-        )
-        rows += rows_from_result(res, metas, machine_id, batch_id, params, now)
+        results = []
+        for rnd in range(rounds):
+            offset[0] = rnd * len(good)
+            results.append(harness.run_batch(
+                so, len(good), reps=reps, warmup=int(bench.get("warmup", 2)),
+                cpu=bench.get("cpu"), timeout_s=float(bench.get("timeout_s", 10)),
+                clock=str(bench.get("clock", "auto")), harness_bin=harness_bin, progress=tick,
+            ))
+        rows += rows_from_rounds(results, metas, machine_id, batch_id, params, now)
     df = pd.DataFrame(rows)
     return db.conform(df) if len(df) else db.empty_frame()
+
+
+def split_repetitions(bench: Mapping) -> tuple[int, int]:
+    """(repetitions per round, rounds): ``num_measures`` spread over ``rounds`` passes.
+
+    On a shared host, interference comes in bursts (a neighbour's load on the SMT sibling, a
+    frequency change) lasting longer than one kernel's repetitions: measured here, a burst
+    doubled the cycles of ten kernels in a row. Passing over the whole batch several times
+    puts each kernel's repetitions far apart in time, so one burst spoils a minority of them
+    and the median ignores it.
+    """
+    total = int(bench.get("num_measures", 10))
+    rounds = max(1, min(int(bench.get("rounds", 5)), total))
+    return -(-total // rounds), rounds
+
+
+def rows_from_rounds(results, metas, machine_id, batch_id, params, now) -> list[dict]:
+    """DB rows of all rounds: a kernel that failed in any round gets one failed row only."""
+    failed: dict[int, str] = {}
+    for res in results:
+        for idx, reason in res.failures.items():
+            failed.setdefault(int(idx), reason)
+    rows: list[dict] = []
+    reps_done: dict[int, int] = {}
+    for res in results:
+        kept = [r for r in res.rows if int(r["index"]) not in failed]
+        for r in kept:
+            i = int(r["index"])
+            r["rep"] = reps_done.get(i, 0)
+            reps_done[i] = r["rep"] + 1
+        rows += rows_from_result(dataclasses.replace(res, rows=kept, failures={}), metas,
+                                 machine_id, batch_id, params, now)
+    clock = results[0].clock if results else ""
+    src = results[0].insn_source if results else ""
+    by_index = {m.index: m for m in metas}
+    for idx, reason in failed.items():
+        m = by_index[idx]
+        rows.append(_base_row(machine_id, batch_id, params, m.kernel, m.n_insns) | {
+            "rep": -1, "status": "failed", "error": reason, "clock": clock,
+            "insn_source": src, "timestamp": now})
+    return rows
 
 
 def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict]:
@@ -167,9 +218,9 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict
             instructions = int(r["insns2"] - r["insns1"])
             row_ratio = np.nan
         else:
-            cycles = float(r["ticks2"] - r["ticks1"]) * ratio
+            row_ratio = float(r.get("calib_ratio", ratio))
+            cycles = float(r["ticks2"] - r["ticks1"]) * row_ratio
             instructions = m.insns2 - m.insns1
-            row_ratio = ratio
         rows.append(base | {
             "rep": int(r["rep"]), "status": "ok", "error": "", "clock": res.clock,
             "insn_source": res.insn_source, "ticks1": int(r["ticks1"]),

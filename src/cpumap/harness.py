@@ -148,6 +148,7 @@ class _Segment:
     insn_source: str | None = None
     calib_before: float | None = None
     calib_after: float | None = None
+    kcalib: dict[int, float] = field(default_factory=dict)  # per-kernel calibration
     rows: list[dict[str, Any]] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)  # rows of the kernel in flight
     failures: dict[int, str] = field(default_factory=dict)
@@ -191,6 +192,11 @@ class _Parser:
                     seg.calib_after = ratio
                 else:
                     raise ValueError("calib must be before or after")
+            elif kind == "kcalib" and len(f) == 4:
+                index, ticks, adds = self._in_flight(f[1]), int(f[2]), int(f[3])
+                if not (ticks > 0 and adds > 0):
+                    raise ValueError("calibration values must be positive")
+                seg.kcalib[index] = adds / ticks
             elif kind == "row" and len(f) == 10:
                 self._row(f)
             elif kind == "fail" and len(f) == 4:
@@ -352,7 +358,8 @@ def run_batch(
                                f"({seg.insn_source}) after {result.clock} ({result.insn_source})")
         ratio = _mean_ratio(seg.calib_before, seg.calib_after)
         for row in seg.rows:
-            row["calib_ratio"] = ratio
+            # the kernel's own calibration, taken right before it, tracks clock drift best
+            row["calib_ratio"] = seg.kcalib.get(row["index"], ratio)
         result.rows.extend(seg.rows)
         result.failures.update(seg.failures)
         if seg.calib_after is not None:
