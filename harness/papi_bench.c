@@ -100,13 +100,19 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* TSC ticks per nanosecond, measured over the first calibration's warm-up (for --max-call-us). */
+static double tsc_per_ns = 0.0;
+
 /* Print `calib <when> <cycles_per_tick> <ticks> <adds>` using the fastest of CALIB_RUNS runs. */
 static void calibrate(const char *when, uint64_t adds)
 {
     uint64_t iters = (adds + CALIB_UNROLL - 1) / CALIB_UNROLL;
-    double t_end = now_ns() + CALIB_WARMUP_NS;
+    double n0 = now_ns(), t_end = n0 + CALIB_WARMUP_NS;
+    uint64_t k0 = tsc_begin();
     while (now_ns() < t_end)
         calib_once(iters);
+    if (tsc_per_ns == 0.0)
+        tsc_per_ns = (double)(tsc_end() - k0) / (now_ns() - n0);
     uint64_t best = UINT64_MAX;
     for (int r = 0; r < CALIB_RUNS; r++) {
         uint64_t t = calib_once(iters);
@@ -266,10 +272,15 @@ static inline void timed_call(void (*f)(uint64_t, void *), uint64_t iters, void 
     *ticks = t1 - t0;
 }
 
-/* Warm up and measure one kernel into out[0..reps). Returns 0, or the signal that stopped it
- * (SIGALRM = timeout). */
+/* Longest a single f2 call may take, in TSC ticks (0: no limit). A kernel whose f2 call takes
+ * longer runs with proportionally fewer iterations (at least one): slow instructions (RDSEED,
+ * VERW: ~2,000 cycles each) would otherwise take seconds for no better precision. */
+static uint64_t max_call_ticks = 0;
+
+/* Warm up and measure one kernel into out[0..reps), with *iters_used iterations per call.
+ * Returns 0, or the signal that stopped it (SIGALRM = timeout). */
 static int run_kernel(const struct cpumap_kernel *k, void *arena, long reps, long warmup,
-                      long timeout_ms, int papi, struct sample *out)
+                      long timeout_ms, int papi, struct sample *out, uint64_t *iters_used)
 {
     int sig = sigsetjmp(kernel_jmp, 1); /* 1: restore the signal mask on the way back */
     if (sig != 0) {
@@ -279,17 +290,30 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, long reps, lon
     }
     in_kernel = 1;
     set_timer(timeout_ms);
+    uint64_t iters = k->iters;
+    if (max_call_ticks > 0) {
+        uint64_t t0 = tsc_begin();
+        k->f2(iters, arena);
+        uint64_t t = tsc_end() - t0;
+        if (t > max_call_ticks) {
+            iters = (uint64_t)((double)iters * (double)max_call_ticks / (double)t);
+            if (iters < 1)
+                iters = 1;
+        }
+    }
+    *iters_used = iters;
     for (long w = 0; w < warmup; w++) {
-        k->f1(k->iters, arena);
-        k->f2(k->iters, arena);
+        k->f1(iters, arena);
+        k->f2(iters, arena);
     }
     for (long r = 0; r < reps; r++) {
         struct sample *s = &out[r];
         s->cycles1 = s->cycles2 = -1;
-        s->insns1 = (long long)k->insns1;
-        s->insns2 = (long long)k->insns2;
-        timed_call(k->f1, k->iters, arena, papi, &s->ticks1, &s->cycles1, &s->insns1);
-        timed_call(k->f2, k->iters, arena, papi, &s->ticks2, &s->cycles2, &s->insns2);
+        /* static counts hold for the table's iteration count only; -1 when it was reduced */
+        s->insns1 = iters == k->iters ? (long long)k->insns1 : -1;
+        s->insns2 = iters == k->iters ? (long long)k->insns2 : -1;
+        timed_call(k->f1, iters, arena, papi, &s->ticks1, &s->cycles1, &s->insns1);
+        timed_call(k->f2, iters, arena, papi, &s->ticks2, &s->cycles2, &s->insns2);
     }
     in_kernel = 0;
     set_timer(0);
@@ -312,7 +336,8 @@ static const char *safe_id(const char *id)
 static _Noreturn void usage(void)
 {
     fputs("usage: papi_bench --so PATH --reps K --warmup W [--cpu C] [--timeout-ms T]\n"
-          "                  [--start I] [--count N] [--clock auto|tsc|papi] [--calib-adds N]\n",
+          "                  [--start I] [--count N] [--clock auto|tsc|papi] [--calib-adds N]\n"
+          "                  [--max-call-us US]\n",
           stderr);
     exit(2);
 }
@@ -374,13 +399,14 @@ int main(int argc, char **argv)
 {
     const char *so = NULL, *clock_opt = "auto";
     long long reps = -1, warmup = -1, cpu = -1, timeout_ms = 10000, start = 0, count = -1;
-    long long calib_adds = 2000000;
+    long long calib_adds = 2000000, max_call_us = 0;
     static const struct option opts[] = {
         {"so", required_argument, 0, 's'},         {"reps", required_argument, 0, 'k'},
         {"warmup", required_argument, 0, 'w'},     {"cpu", required_argument, 0, 'c'},
         {"timeout-ms", required_argument, 0, 't'}, {"start", required_argument, 0, 'i'},
         {"count", required_argument, 0, 'n'},      {"clock", required_argument, 0, 'l'},
-        {"calib-adds", required_argument, 0, 'a'}, {0, 0, 0, 0}};
+        {"calib-adds", required_argument, 0, 'a'}, {"max-call-us", required_argument, 0, 'm'},
+        {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -393,6 +419,7 @@ int main(int argc, char **argv)
         case 'n': count = parse_num("count", optarg, 0); break;
         case 'l': clock_opt = optarg; break;
         case 'a': calib_adds = parse_num("calib-adds", optarg, CALIB_UNROLL); break;
+        case 'm': max_call_us = parse_num("max-call-us", optarg, 0); break;
         default: usage(); /* getopt_long already said what was wrong */
         }
     }
@@ -455,6 +482,7 @@ int main(int argc, char **argv)
 
     printf("clock\t%s\t%s\n", papi ? "papi" : "tsc-calibrated", papi ? "counted" : "derived");
     calibrate("before", (uint64_t)calib_adds);
+    max_call_ticks = (uint64_t)((double)max_call_us * 1000.0 * tsc_per_ns);
 
     long n_ok = 0, n_failed = 0;
     for (uint64_t i = (uint64_t)start; i < end; i++) {
@@ -468,11 +496,14 @@ int main(int argc, char **argv)
         }
         fill_arena(arena, arena_bytes);
         calibrate_kernel(i);
-        int sig = run_kernel(k, arena, (long)reps, (long)warmup, (long)timeout_ms, papi, samples);
+        uint64_t iters_used = k->iters;
+        int sig = run_kernel(k, arena, (long)reps, (long)warmup, (long)timeout_ms, papi, samples,
+                             &iters_used);
         if (sig != 0) {
             printf("fail\t%llu\t%s\t%s\n", (unsigned long long)i, id, signal_name(sig));
             n_failed++;
         } else {
+            printf("iters\t%llu\t%llu\n", (unsigned long long)i, (unsigned long long)iters_used);
             for (long long r = 0; r < reps; r++) {
                 const struct sample *s = &samples[r];
                 printf("row\t%llu\t%s\t%lld\t%llu\t%llu\t%lld\t%lld\t%lld\t%lld\n",

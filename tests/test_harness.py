@@ -115,10 +115,11 @@ def test_subrange_and_cli_errors(build):
                           "--start", "1", "--count", "1", "--clock", "tsc"],
                          capture_output=True, text=True, check=True).stdout
     kinds = [line.split("\t")[0] for line in out.splitlines()]
-    assert kinds == ["clock", "calib", "kcalib", "row", "calib", "done"]
+    assert kinds == ["clock", "calib", "kcalib", "iters", "row", "calib", "done"]
     assert out.splitlines()[0] == "clock\ttsc-calibrated\tderived"
     assert out.splitlines()[2].split("\t")[1] == "1"
-    assert out.splitlines()[3].split("\t")[1:3] == ["1", "c0de0002"]
+    assert out.splitlines()[3].split("\t")[1:] == ["1", "20000"]  # iterations, unlimited
+    assert out.splitlines()[4].split("\t")[1:3] == ["1", "c0de0002"]
     assert out.splitlines()[-1] == "done\t1\t0"
     usage = subprocess.run([bench, "--so", "x.so", "--reps", "0", "--warmup", "0"],
                            capture_output=True, text=True)
@@ -147,3 +148,14 @@ def test_row_cycles():
     res = harness.BatchResult("tsc-calibrated", "derived", 1.4, 1.6, rows=[row])
     assert harness.calib_ratio(res) == pytest.approx(1.5)
     assert res.cycles(row) == pytest.approx(300.0)
+
+
+def test_max_call_limits_iterations_and_keeps_per_add_cost(build):
+    """A call longer than --max-call-us runs with fewer iterations; cost per add is unchanged."""
+    res = harness.run_batch(build["addchain"], 1, reps=5, warmup=1, cpu=None, timeout_s=2,
+                            harness_bin=build["bin"], max_call_us=100)
+    iters = {r["iters"] for r in res.rows}
+    assert len(iters) == 1 and 1 <= iters.pop() < 20000
+    per_add = sorted(res.cycles(r) / (r["iters"] * 100) for r in res.rows)  # f2 - f1: 100 adds
+    assert per_add[2] == pytest.approx(1.0, abs=0.05)
+    assert all(r["insns1"] == -1 for r in res.rows)  # static counts no longer apply

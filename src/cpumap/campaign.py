@@ -28,7 +28,8 @@ def measurement_params(bench: Mapping) -> dict:
     """Everything that changes what a measurement means; hashed into params_id."""
     reps, rounds = split_repetitions(bench)
     return gen_params(bench).as_dict() | {"warmup": int(bench.get("warmup", 2)),
-                                          "rounds": rounds}
+                                          "rounds": rounds,
+                                          "max_call_ms": float(bench.get("max_call_ms", 1.0))}
 
 
 def read_form_list(path: Path) -> list[str]:
@@ -158,6 +159,7 @@ def measure_batch(
                 so, len(good), reps=reps, warmup=int(bench.get("warmup", 2)),
                 cpu=bench.get("cpu"), timeout_s=float(bench.get("timeout_s", 10)),
                 clock=str(bench.get("clock", "auto")), harness_bin=harness_bin, progress=tick,
+                max_call_us=int(float(bench.get("max_call_ms", 1.0)) * 1000),
             ))
         rows += rows_from_rounds(results, metas, machine_id, batch_id, params, now)
     df = pd.DataFrame(rows)
@@ -213,6 +215,9 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict
     for r in res.rows:
         m = by_index[int(r["index"])]
         base = _base_row(machine_id, batch_id, params, m.kernel, m.n_insns)
+        # the harness may run a slow kernel with fewer iterations (bench.max_call_ms)
+        iters = int(r.get("iters", m.iters))
+        instances = m.unroll * iters
         if res.clock == "papi":
             cycles = float(r["cycles2"] - r["cycles1"])
             instructions = int(r["insns2"] - r["insns1"])
@@ -220,14 +225,15 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict
         else:
             row_ratio = float(r.get("calib_ratio", ratio))
             cycles = float(r["ticks2"] - r["ticks1"]) * row_ratio
-            instructions = m.insns2 - m.insns1
+            # f2 - f1 executes exactly U copies of the kernel per iteration more
+            instructions = instances * m.n_insns
         rows.append(base | {
             "rep": int(r["rep"]), "status": "ok", "error": "", "clock": res.clock,
             "insn_source": res.insn_source, "ticks1": int(r["ticks1"]),
             "ticks2": int(r["ticks2"]), "cycles1": int(r["cycles1"]),
-            "cycles2": int(r["cycles2"]), "calib_ratio": row_ratio, "instances": m.instances,
+            "cycles2": int(r["cycles2"]), "calib_ratio": row_ratio, "instances": instances,
             "instructions": instructions, "cycles": cycles,
-            "cycles_per_instance": cycles / m.instances, "timestamp": now,
+            "cycles_per_instance": cycles / instances, "timestamp": now,
         })
     for idx, reason in res.failures.items():
         m = by_index[int(idx)]

@@ -18,7 +18,7 @@ import pandas as pd
 from . import asmgen, campaign, db, harness, io, isa, machine
 
 DEFAULT_BENCH = {"unroll_size": 200, "total_insn": 200_000, "num_measures": 10, "rounds": 5,
-                 "warmup": 2,
+                 "max_call_ms": 1.0, "warmup": 2,
                  "arena_bytes": 4096, "cpu": None, "timeout_s": 10, "clock": "auto"}
 
 

@@ -149,6 +149,7 @@ class _Segment:
     calib_before: float | None = None
     calib_after: float | None = None
     kcalib: dict[int, float] = field(default_factory=dict)  # per-kernel calibration
+    iters: dict[int, int] = field(default_factory=dict)  # iterations used, when reported
     rows: list[dict[str, Any]] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)  # rows of the kernel in flight
     failures: dict[int, str] = field(default_factory=dict)
@@ -197,6 +198,11 @@ class _Parser:
                 if not (ticks > 0 and adds > 0):
                     raise ValueError("calibration values must be positive")
                 seg.kcalib[index] = adds / ticks
+            elif kind == "iters" and len(f) == 3:
+                index, n = self._in_flight(f[1]), int(f[2])
+                if n < 1:
+                    raise ValueError("iterations must be positive")
+                seg.iters[index] = n
             elif kind == "row" and len(f) == 10:
                 self._row(f)
             elif kind == "fail" and len(f) == 4:
@@ -306,6 +312,7 @@ def run_batch(
     progress: Callable[[int], None] | None = None,
     watchdog_margin_s: float = WATCHDOG_MARGIN_S,
     calib_adds: int | None = None,
+    max_call_us: int = 0,
 ) -> BatchResult:
     """Measure kernels 0..n_kernels-1 of a batch .so; survive kernels that kill the harness.
 
@@ -340,6 +347,8 @@ def run_batch(
             cmd += ["--cpu", str(cpu)]
         if calib_adds is not None:
             cmd += ["--calib-adds", str(calib_adds)]
+        if max_call_us > 0:
+            cmd += ["--max-call-us", str(int(max_call_us))]
         returncode, silent_for, err = _run_segment(cmd, seg, reps, watchdog_s, on_kernel)
         if err:
             stderr_parts.append(err)
@@ -360,6 +369,8 @@ def run_batch(
         for row in seg.rows:
             # the kernel's own calibration, taken right before it, tracks clock drift best
             row["calib_ratio"] = seg.kcalib.get(row["index"], ratio)
+            if row["index"] in seg.iters:
+                row["iters"] = seg.iters[row["index"]]
         result.rows.extend(seg.rows)
         result.failures.update(seg.failures)
         if seg.calib_after is not None:
