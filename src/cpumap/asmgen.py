@@ -165,7 +165,7 @@ class Emitter:
     def operands_for(self, name: str) -> tuple[list[str | None], int, str]:
         spec = self.specs[name]
         regs: list[str | None] = []
-        reads: Counter = Counter()
+        reads: dict[str, int] = {}
         displ = 0
         base = x86.MEM_BASE
         half = self.arena_bytes // 2
@@ -177,8 +177,9 @@ class Emitter:
                     idx = pool[self.rr_reg[op.cls] % len(pool)]
                     self.rr_reg[op.cls] += 1
                 else:
-                    idx = self.alloc.read[op.cls][reads[op.cls]]
-                    reads[op.cls] += 1
+                    k = reads.get(op.cls, 0)
+                    idx = self.alloc.read[op.cls][k]
+                    reads[op.cls] = k + 1
                 regs.append(x86.reg_name(op.cls, op.width, idx))
             elif op.kind == "mem":
                 side = "w" if "w" in op.access else "r"
@@ -196,13 +197,17 @@ class Emitter:
                 regs.append(None)
         return regs, displ, base
 
-    def emit(self, name: str) -> tuple[bytes, str]:
+    def emit(self, name: str) -> str:
+        """Assembly line of the next instance of form ``name``: its bytes, AT&T as comment."""
         regs, displ, base = self.operands_for(name)
         key = (name, tuple(regs), displ, base)
-        if key not in self.cache:
+        line = self.cache.get(key)
+        if line is None:
             instr = x86.instantiate(self.specs[name], regs, displ, base=base)
-            self.cache[key] = (x86.encode(instr), x86.att(instr))
-        return self.cache[key]
+            line = ("    .byte " + ",".join(f"{b:#04x}" for b in x86.encode(instr))
+                    + f"  # {x86.att(instr)}")
+            self.cache[key] = line
+        return line
 
 
 @dataclass
@@ -287,14 +292,10 @@ def generate_batch(
         kspecs = [specs[n] for n in kernel]
         alloc = plan_pools(kspecs)
         counts = []
-        for fn, copies in (("f1", unroll), ("f2", 2 * unroll)):
-            em = Emitter(specs, alloc, params.arena_bytes)
-            body = []
-            for _ in range(copies):
-                for name in copy:
-                    code, text = em.emit(name)
-                    body.append("    .byte " + ",".join(f"{b:#04x}" for b in code)
-                                + f"  # {text}")
+        # f1's body is the first half of f2's: both start from the same allocator state
+        em = Emitter(specs, alloc, params.arena_bytes)
+        body2 = [em.emit(name) for _ in range(2 * unroll) for name in copy]
+        for fn, body in (("f1", body2[:unroll * m]), ("f2", body2)):
             lines, fixed = _function(f"cpumap_k{i}_{fn}", body, len(body), kspecs, host_flags,
                                      params.arena_bytes)
             out += lines

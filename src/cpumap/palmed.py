@@ -1,0 +1,869 @@
+"""Palmed (Derumigny et al., CGO 2022): a resource model built from kernel timings alone.
+
+The library is pure: every stage takes the measurements made so far (canonical kernel text ->
+cycles per instance) and returns the kernels it still needs, or its result. The driver
+``build_model`` runs the stages against any ``measure(kernels) -> cycles`` callback (the
+simulated machine in tests, the native harness and the measurement DB in the pipeline, where
+each stage can be a Snakemake checkpoint). Nothing here prints; progress goes to ``log``.
+
+Stages (and why)
+----------------
+1. **Singletons** ``{i}``: ``t(i)``, the cycles of each form alone.
+2. **Pairs in balanced proportions** ``a^m b^n`` with ``m t(a) ~ n t(b)``: when both parts alone
+   take the same time, the pair takes ``max`` of them if a and b share nothing and their sum if
+   they compete for the same resource; the *sharing* ``s = (M - max)/min`` in [0, 1] is
+   the most informative single number about a pair. This stage is quadratic (as in Palmed);
+   ``select_pairs(probes=...)`` limits it to pairs with a probe set.
+3. **Classes and basic instructions** (``select_basic``): forms with the same singleton time
+   and the same sharing with every other form behave alike; one representative per class.
+   The basic instructions are the simplest representatives (fewest conflicts, fastest).
+4. **Core mapping** (``fit_core``): a cutting-plane loop over kernels of basic instructions
+   only. The current core model predicts every core kernel; the most under-predicted one has a
+   bottleneck resource the model lacks, so it becomes the *defining kernel* of a new resource.
+   Its saturating kernel SK (the defining kernel scaled up) and the mixes ``SK + b^n`` for
+   every basic b at a few proportions are measured, and one joint LP (``_core_lp``) refits
+   all uses of all basic instructions. Ends when no core kernel is under-predicted.
+5. **Saturating kernels** (``select_saturating``): one per resource, its defining kernel
+   scaled to a common size.
+6. **Mapping kernels** (``select_mapping_kernels``): every remaining form i against every
+   saturating kernel, ``SK^s + i^n`` at proportions n t(i) / T(SK^s) in ``betas`` (balanced,
+   then lighter so that the resource stays the bottleneck): ``len(betas) * |R|`` kernels per
+   form, linear in the number of forms.
+7. **Remaining forms** (``fit_remaining``): a small LP per form (``_form_lp``). Then a check of
+   every measured kernel (singletons, pairs, mixes); a kernel the model under-predicts reveals a
+   resource that no basic kernel saturates (e.g. a port only some non-basic forms use): it
+   becomes a new resource, all forms are measured against its saturating kernel (``|forms|``
+   x ``len(betas)`` kernels) and refitted. At most ``max_refine`` rounds.
+
+The model predicts ``max_r sum_i sigma(K, i) rho(i, r)`` (``cpumap.resmodel.predict``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from cpumap.asmgen import canonical, parse_canonical
+from cpumap.resmodel import ResourceModel
+
+__all__ = [
+    "Basic",
+    "Core",
+    "PalmedConfig",
+    "Step",
+    "balanced",
+    "build_model",
+    "fit_core",
+    "fit_remaining",
+    "mix",
+    "select_basic",
+    "select_mapping_kernels",
+    "select_pairs",
+    "select_saturating",
+    "singleton_kernels",
+]
+
+Kernel = dict[str, int]
+Measurements = Mapping[str, float]
+Log = Callable[[str], None]
+
+
+def _nolog(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class PalmedConfig:
+    """Knobs of the algorithm.
+
+    ``tol`` is the relative tolerance on cycles used everywhere a measured and a predicted value
+    are compared: set it to about 3x the relative measurement noise (1e-6 for exact simulated
+    machines). ``betas`` are the proportions of the mapping kernels (see ``mix``).
+    """
+
+    tol: float = 0.02
+    max_mult: int = 8
+    max_basic: int = 16
+    core_tests: int | None = None  # random kernels of basic instructions; None = 8 x |basic|
+    sat_factor: float = 4.0  # saturating kernels take ~ sat_factor x the slowest basic form
+    betas: tuple[float, ...] = (1.0, 0.25, 1.0 / 16)
+    max_resources: int = 64
+    max_refine: int = 8
+    refine_batch: int = 4
+    fit_rounds: int = 12
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
+                "core_tests": self.core_tests, "sat_factor": self.sat_factor,
+                "betas": list(self.betas), "max_resources": self.max_resources,
+                "max_refine": self.max_refine, "refine_batch": self.refine_batch,
+                "fit_rounds": self.fit_rounds, "seed": self.seed}
+
+
+# --------------------------------------------------------------------------- kernel helpers
+
+
+def _text(k: Mapping[str, int]) -> str:
+    return canonical(k)
+
+
+def _scale(k: Mapping[str, int], s: int) -> Kernel:
+    return {f: n * s for f, n in k.items()}
+
+
+def _add(k: Mapping[str, int], form: str, n: int) -> Kernel:
+    out = dict(k)
+    out[form] = out.get(form, 0) + n
+    return out
+
+
+def _reduce(k: Mapping[str, int]) -> Kernel:
+    g = 0
+    for n in k.values():
+        g = math.gcd(g, n)
+    return {f: n // g for f, n in k.items()} if g > 1 else dict(k)
+
+
+def singleton_kernels(forms: Sequence[str]) -> list[str]:
+    """Stage 1: every form alone."""
+    return [_text({f: 1}) for f in sorted(set(forms))]
+
+
+def balanced(ta: float, tb: float, max_mult: int = 8) -> tuple[int, int]:
+    """Coprime (m, n) <= max_mult with m*ta closest to n*tb (ties: smallest m + n).
+
+    Balanced pairs make each part alone take about the same time, so the pair's time tells
+    directly whether the two forms share their bottleneck (sum) or not (max).
+    """
+    best: tuple[float, int, int, int] | None = None
+    for m in range(1, max_mult + 1):
+        for n in range(1, max_mult + 1):
+            if math.gcd(m, n) != 1:
+                continue
+            a, b = m * ta, n * tb
+            err = abs(a - b) / max(a + b, 1e-300)
+            key = (round(err, 12), m + n, m, n)
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return best[2], best[3]
+
+
+def pair_kernel(a: str, ta: float, b: str, tb: float, max_mult: int = 8) -> Kernel:
+    m, n = balanced(ta, tb, max_mult)
+    return {a: m, b: n}
+
+
+def select_pairs(singletons: Mapping[str, float], *, max_mult: int = 8,
+                 probes: Sequence[str] | None = None) -> list[str]:
+    """Stage 2: balanced pairs of all forms (or of every form with each probe form)."""
+    forms = sorted(singletons)
+    others = forms if probes is None else sorted(set(probes))
+    out = set()
+    for a in forms:
+        for b in others:
+            if a == b or (probes is None and b < a):
+                continue
+            out.add(_text(pair_kernel(a, singletons[a], b, singletons[b], max_mult)))
+    return sorted(out)
+
+
+def sharing(a: str, b: str, singletons: Mapping[str, float], meas: Measurements,
+            max_mult: int = 8) -> float | None:
+    """(M - max(A, B)) / min(A, B) for the balanced pair (A = m t(a), B = n t(b)); None if the
+    pair was not measured. 0: a and b share nothing; 1: they share their bottleneck."""
+    k = pair_kernel(a, singletons[a], b, singletons[b], max_mult)
+    m = meas.get(_text(k))
+    if m is None:
+        return None
+    x, y = k[a] * singletons[a], k[b] * singletons[b]
+    return (m - max(x, y)) / min(x, y)
+
+
+# --------------------------------------------------------------------------- classes, basic
+
+
+@dataclass
+class Basic:
+    """Result of stage 3: classes of forms that behave alike, and the basic instructions."""
+
+    classes: dict[str, list[str]]  # representative -> members (sorted, rep first)
+    basic: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"classes": self.classes, "basic": self.basic}
+
+
+def select_basic(singletons: Mapping[str, float], meas: Measurements, *,
+                 tol: float = 0.02, max_basic: int = 16, max_mult: int = 8) -> Basic:
+    """Stage 3: classes of equivalent forms and a small set of basic instructions.
+
+    Two forms are equivalent when their singleton times agree within ``tol`` and their sharing
+    with every third form (whose pair with both was measured) agrees within ``4 tol`` (sharing is
+    a ratio of differences, so it amplifies noise). Forms join the first compatible class in
+    name order (deterministic); the representative is the first member.
+
+    Basic instructions: the representatives that conflict (sharing > 0.5) with the fewest other
+    representatives, then the fastest. A form that competes with few others uses few resources
+    (e.g. one μop on one port group) and makes saturating kernels with a single clear
+    bottleneck; slow forms (unpipelined units) would make saturating kernels huge. Choosing
+    badly costs extra refinement rounds, never correctness (stage 7 adds missing resources).
+    """
+    forms = sorted(singletons)
+    eps_t, eps_s = tol + 1e-9, 4 * tol + 1e-6
+    share: dict[tuple[str, str], float] = {}
+    for i, a in enumerate(forms):
+        for b in forms[i + 1:]:
+            s = sharing(a, b, singletons, meas, max_mult)
+            if s is not None:
+                share[(a, b)] = share[(b, a)] = s
+
+    def alike(a: str, b: str) -> bool:
+        ta, tb = singletons[a], singletons[b]
+        if abs(ta - tb) > eps_t * max(ta, tb):
+            return False
+        s = share.get((a, b))
+        if s is not None and s < 1 - eps_s:
+            return False
+        for c in forms:
+            if c in (a, b):
+                continue
+            sa, sb = share.get((a, c)), share.get((b, c))
+            if sa is not None and sb is not None and abs(sa - sb) > eps_s:
+                return False
+        return True
+
+    classes: dict[str, list[str]] = {}
+    for f in forms:
+        for rep, members in classes.items():
+            if alike(rep, f):
+                members.append(f)
+                break
+        else:
+            classes[f] = [f]
+    reps = sorted(classes)
+    conflicts = {a: sum(1 for b in reps if b != a and share.get((a, b), 0.0) > 0.5)
+                 for a in reps}
+    t_med = float(np.median([singletons[r] for r in reps]))
+    order = sorted(reps, key=lambda r: (singletons[r] > 4 * t_med, conflicts[r],
+                                        round(singletons[r], 9), r))
+    return Basic(classes=classes, basic=sorted(order[:max_basic]))
+
+
+def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: int = 4,
+                   max_mult: int = 3) -> list[Kernel]:
+    """Deterministic random kernels of 2..max_distinct distinct forms (tests of the core)."""
+    rng = np.random.default_rng(seed)
+    forms = sorted(forms)
+    out: list[Kernel] = []
+    if len(forms) < 2:
+        return out
+    for _ in range(count):
+        k = int(rng.integers(2, min(max_distinct, len(forms)) + 1))
+        pick = rng.choice(len(forms), size=k, replace=False)
+        out.append({forms[int(p)]: int(rng.integers(1, max_mult + 1)) for p in pick})
+    return out
+
+
+def mix(sk: Mapping[str, int], t_sk: float, form: str, t_form: float,
+        beta: float) -> tuple[Kernel, Kernel]:
+    """``(SK^s, SK^s + form^n)`` with n t(form) / (s T(SK)) ~ beta, n >= 1, s >= 1 minimal.
+
+    beta = 1 is Palmed's balanced proportion (low noise amplification); smaller betas keep the
+    saturated resource the bottleneck so that the increase ``M(SK^s + form^n) - M(SK^s)`` is
+    exactly ``n rho(form, r)``.
+    """
+    s = max(1, math.ceil(t_form / (beta * t_sk) - 1e-9))
+    n = max(1, round(beta * s * t_sk / t_form))
+    base = _scale(sk, s)
+    return base, _add(base, form, n)
+
+
+# --------------------------------------------------------------------------- LP helpers
+
+
+@dataclass
+class _LPStats:
+    solves: int = 0
+    seconds: float = 0.0
+
+
+def _solve(c: np.ndarray, a_ub: Any, b_ub: np.ndarray, a_eq: Any, b_eq: np.ndarray,
+           ub: np.ndarray, stats: _LPStats) -> np.ndarray:
+    t0 = time.perf_counter()
+    res = linprog(c, A_ub=a_ub if len(b_ub) else None, b_ub=b_ub if len(b_ub) else None,
+                  A_eq=a_eq if len(b_eq) else None, b_eq=b_eq if len(b_eq) else None,
+                  bounds=np.stack([np.zeros_like(ub), ub], axis=1), method="highs")
+    stats.solves += 1
+    stats.seconds += time.perf_counter() - t0
+    if res.status != 0:
+        raise RuntimeError(f"Palmed LP failed: {res.message}")
+    return np.maximum(res.x, 0.0)
+
+
+@dataclass
+class _Row:
+    """One measured kernel inside an LP: its multiset, cycles and designated resource."""
+
+    kernel: Kernel
+    cycles: float
+    designated: int | None  # index of the resource that must be tight, or None
+    base_text: str | None = None  # mixes: the SK^s it extends (difference formulation)
+
+
+# --------------------------------------------------------------------------- core
+
+
+@dataclass
+class Core:
+    """Result of stage 4: resources (by defining kernel) and the basic forms' uses."""
+
+    basic: list[str]
+    defining: list[Kernel]  # one defining kernel per resource, in discovery order
+    rho: dict[str, dict[int, float]]  # form -> resource index -> use
+    tests: list[str] = field(default_factory=list)
+
+    @property
+    def n_resources(self) -> int:
+        return len(self.defining)
+
+
+@dataclass
+class Step:
+    """What a stage returns: kernels still to measure (``need``), or ``done`` and ``result``."""
+
+    need: list[str]
+    result: Any = None
+    state: list[Kernel] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return not self.need
+
+
+def _predict(rho: Mapping[str, Mapping[int, float]], n_res: int,
+             k: Mapping[str, int]) -> np.ndarray:
+    load = np.zeros(n_res)
+    for f, n in k.items():
+        for r, v in rho.get(f, {}).items():
+            load[r] += n * v
+    return load
+
+
+def _saturating(defining: Kernel, t_def: float, target: float) -> Kernel:
+    return _scale(_reduce(defining), max(1, math.ceil(target / t_def - 1e-9)))
+
+
+def _mix_texts(sk: Kernel, t_sk: float, forms: Sequence[str], singletons: Mapping[str, float],
+               betas: Sequence[float]) -> list[str]:
+    out = [_text(sk)]
+    for f in forms:
+        for beta in betas:
+            base, k = mix(sk, t_sk, f, singletons[f], beta)
+            out += [_text(base), _text(k)]
+    return out
+
+
+def _core_lp(basic: Sequence[str], upper: list[tuple[Kernel, float]],
+             tight: list[tuple[Kernel, float, int]], n_res: int, t_ref: float,
+             stats: _LPStats) -> dict[str, dict[int, float]]:
+    """The core mapping LP, over the uses of all basic forms at once.
+
+    Variables: rho[b, r] >= 0 for every basic form b and resource r, plus e+[k], e-[k] >= 0
+    for every kernel k with a designated resource d(k).
+    Constraints, for every measured core kernel k with cycles M(k):
+      * upper bounds: sum_b sigma(k, b) rho[b, r] <= M(k) (1 + tol) for every r -- no resource
+        may be busier than the measured time (``upper`` carries M (1 + tol));
+      * tightness: sum_b sigma(k, b) rho[b, d(k)] + e-[k] - e+[k] = M(k) -- the designated
+        resource is the bottleneck (the resource the saturating kernel defines, for SK and its
+        mixes; the predicted bottleneck for tests that it explains).
+    Objective: minimise sum_k (e+[k] + e-[k]) / M(k) (relative L1 misfit: robust to noisy
+    outliers, exact when the data are exact) + 1e-6 sum rho / t_ref (among equally good fits,
+    prefer no phantom uses).
+    Why an LP and not a MILP: which resource is tight in which kernel is decided outside (by
+    construction of the kernels, then by the alternation in ``_fit_core_rho``), so everything
+    left is linear.
+    """
+    nb = len(basic)
+    bidx = {b: i for i, b in enumerate(basic)}
+    nv_rho = nb * n_res
+    nv = nv_rho + 2 * len(tight)
+    c = np.zeros(nv)
+    c[:nv_rho] = 1e-6 / t_ref
+    ub_r: list[int] = []
+    ub_c: list[int] = []
+    ub_v: list[float] = []
+    b_ub: list[float] = []
+    row_i = 0
+    for kernel, bound in upper:
+        for r in range(n_res):
+            for f, n in kernel.items():
+                ub_r.append(row_i)
+                ub_c.append(bidx[f] * n_res + r)
+                ub_v.append(float(n))
+            b_ub.append(bound)
+            row_i += 1
+    eq_r: list[int] = []
+    eq_c: list[int] = []
+    eq_v: list[float] = []
+    b_eq: list[float] = []
+    for j, (kernel, cycles, d) in enumerate(tight):
+        for f, n in kernel.items():
+            eq_r.append(j)
+            eq_c.append(bidx[f] * n_res + d)
+            eq_v.append(float(n))
+        eq_r += [j, j]
+        eq_c += [nv_rho + 2 * j, nv_rho + 2 * j + 1]
+        eq_v += [1.0, -1.0]
+        b_eq.append(cycles)
+        c[nv_rho + 2 * j] = c[nv_rho + 2 * j + 1] = 1.0 / cycles
+    a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(row_i, nv)).tocsr()
+    a_eq = coo_matrix((eq_v, (eq_r, eq_c)), shape=(len(tight), nv)).tocsr()
+    ub = np.full(nv, np.inf)
+    x = _solve(c, a_ub, np.array(b_ub), a_eq, np.array(b_eq), ub, stats)
+    return {b: {r: float(x[i * n_res + r]) for r in range(n_res) if x[i * n_res + r] > 1e-12}
+            for i, b in enumerate(basic)}
+
+
+def _redesignate(rows: list[_Row], fixed: list[int | None], rho: Mapping[str, Mapping[int, float]],
+                 n_res: int, tol: float) -> None:
+    """Decide which resource each kernel's measured time is attributed to.
+
+    Kernels built to saturate resource r keep r unless another resource is predicted within
+    tol of the measured time (then they only bound the uses: the saturated resource may not be
+    the bottleneck). Other kernels (singletons, pairs, tests) are attributed to their predicted
+    bottleneck when it explains the measurement within tol.
+    """
+    for row, fix in zip(rows, fixed, strict=True):
+        load = _predict(rho, n_res, row.kernel)
+        if fix is not None:
+            others = np.delete(load, fix)
+            ambiguous = others.size and others.max() >= row.cycles * (1 - tol)
+            row.designated = None if ambiguous else fix
+        else:
+            top = int(np.argmax(load)) if n_res else 0
+            row.designated = top if n_res and load[top] >= row.cycles * (1 - tol) else None
+
+
+def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
+             meas: Measurements, *, state: Sequence[Mapping[str, int]] = (),
+             config: PalmedConfig | None = None, log: Log = _nolog,
+             lp_stats: _LPStats | None = None) -> Step:
+    """Stage 4: the core mapping of the basic instructions (cutting plane + joint LP).
+
+    ``state`` holds the defining kernels found so far (from the previous Step's ``state``), so
+    that a pipeline can resume the loop between measurement rounds. Returns a Step whose
+    ``need`` lists kernels to measure before calling again, or ``done`` with a ``Core``.
+    """
+    cfg = config or PalmedConfig()
+    stats = lp_stats or _LPStats()
+    bas = sorted(basic.basic if isinstance(basic, Basic) else basic)
+    t_ref = max(singletons[b] for b in bas)
+    target = cfg.sat_factor * t_ref
+    tests: list[Kernel] = [{b: 1} for b in bas]
+    for i, a in enumerate(bas):
+        for b in bas[i + 1:]:
+            tests.append(pair_kernel(a, singletons[a], b, singletons[b], cfg.max_mult))
+    n_tests = cfg.core_tests if cfg.core_tests is not None else 8 * len(bas)
+    tests += random_kernels(bas, n_tests, cfg.seed)
+    test_texts = [_text(k) for k in tests]
+    need = sorted({t for t in test_texts if t not in meas})
+    if need:
+        return Step(need=need, state=list(state))
+    defining = [dict(k) for k in state]
+    while True:
+        # kernels of every resource found so far must be measured before fitting
+        need_set: set[str] = set()
+        rows: list[_Row] = []
+        fixed: list[int | None] = []
+        for k in tests:
+            rows.append(_Row(k, meas[_text(k)], None))
+            fixed.append(None)
+        for r, d in enumerate(defining):
+            t_def = meas.get(_text(d))
+            if t_def is None:
+                need_set.add(_text(d))
+                continue
+            sk = _saturating(d, t_def, target)
+            if _text(sk) not in meas:
+                need_set.add(_text(sk))
+                continue
+            texts = _mix_texts(sk, meas[_text(sk)], bas, singletons, cfg.betas)
+            need_set |= {t for t in texts if t not in meas}
+            if need_set:
+                continue
+            rows.append(_Row(sk, meas[_text(sk)], r))
+            fixed.append(r)
+            for b in bas:
+                for beta in cfg.betas:
+                    base, k = mix(sk, meas[_text(sk)], b, singletons[b], beta)
+                    rows.append(_Row(base, meas[_text(base)], r))
+                    fixed.append(r)
+                    rows.append(_Row(k, meas[_text(k)], r))
+                    fixed.append(r)
+        if need_set:
+            return Step(need=sorted(need_set), state=defining)
+        rho = _fit_core_rho(bas, rows, fixed, len(defining), t_ref, cfg, stats)
+        # cutting plane: the most under-predicted test defines a missing resource
+        worst: tuple[float, str, Kernel] | None = None
+        used = {_text(_reduce(d)) for d in defining}
+        for k in tests:
+            m = meas[_text(k)]
+            pred = float(_predict(rho, len(defining), k).max()) if defining else 0.0
+            gap = (m - pred) / m
+            if gap > cfg.tol and _text(_reduce(k)) not in used:
+                key = (-round(gap, 9), _text(k), k)
+                if worst is None or key[:2] < (worst[0], worst[1]):
+                    worst = (key[0], key[1], k)
+        if worst is None or len(defining) >= cfg.max_resources:
+            log(f"core: {len(defining)} resources over {len(bas)} basic instructions")
+            core = Core(basic=bas, defining=defining, rho=rho, tests=test_texts)
+            return Step(need=[], result=core, state=defining)
+        log(f"core: resource R{len(defining):02d} from {worst[1]} "
+            f"(under-predicted by {-worst[0]:.1%})")
+        defining.append(_reduce(worst[2]))
+
+
+def _fit_core_rho(bas: list[str], rows: list[_Row], fixed: list[int | None], n_res: int,
+                  t_ref: float, cfg: PalmedConfig, stats: _LPStats) -> dict[str, dict[int, float]]:
+    """Alternate: solve the core LP for the current designations, then re-decide them."""
+    if n_res == 0:
+        return {b: {} for b in bas}
+    for row, fix in zip(rows, fixed, strict=True):
+        row.designated = fix
+    upper = [(r.kernel, r.cycles * (1 + cfg.tol)) for r in rows]
+    rho: dict[str, dict[int, float]] = {}
+    for _ in range(cfg.fit_rounds):
+        tight = [(r.kernel, r.cycles, r.designated) for r in rows if r.designated is not None]
+        rho = _core_lp(bas, upper, tight, n_res, t_ref, stats)  # type: ignore[arg-type]
+        before = [r.designated for r in rows]
+        _redesignate(rows, fixed, rho, n_res, cfg.tol)
+        if before == [r.designated for r in rows]:
+            break
+    return rho
+
+
+# --------------------------------------------------------------------------- saturating, mapping
+
+
+def select_saturating(core: Core, meas: Measurements, singletons: Mapping[str, float],
+                      config: PalmedConfig | None = None) -> list[Kernel]:
+    """Stage 5: one saturating kernel per resource: its defining kernel scaled so that it takes
+    about ``sat_factor`` times the slowest basic form (large enough for balanced mixes with
+    integer counts)."""
+    cfg = config or PalmedConfig()
+    target = cfg.sat_factor * max(singletons[b] for b in core.basic)
+    return [_saturating(d, meas[_text(d)], target) for d in core.defining]
+
+
+def select_mapping_kernels(saturating: Sequence[Mapping[str, int]], forms: Sequence[str],
+                           singletons: Mapping[str, float], meas: Measurements,
+                           config: PalmedConfig | None = None) -> list[str]:
+    """Stage 6: every form against every saturating kernel at each proportion of ``betas``
+    (and each scaled SK^s alone, the base of the difference): linear in the number of forms."""
+    cfg = config or PalmedConfig()
+    out: set[str] = set()
+    for sk in saturating:
+        t_sk = meas.get(_text(sk))
+        if t_sk is None:
+            out.add(_text(sk))
+            continue
+        out |= set(_mix_texts(dict(sk), t_sk, sorted(forms), singletons, cfg.betas))
+    return sorted(t for t in out if t not in meas)
+
+
+def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mapping[int, float]],
+             n_res: int, meas: Measurements, tol: float, stats: _LPStats) -> dict[int, float]:
+    """The small LP of one remaining form (Palmed's per-instruction LP).
+
+    Variables: x[r] >= 0, the form's use of resource r; e+[k], e-[k] >= 0 per designated kernel.
+    Every other form's uses are fixed (core LP, or the previous refinement round).
+    For every measured kernel k containing the form c = sigma(k, form) times:
+      * upper bounds: base(k, r) + c x[r] <= M(k) (1 + tol) for every r, where base(k, r) is the
+        other forms' load of r;
+      * tightness, for mixes SK^s + form^n designated to resource r:
+        n x[r] + e-[k] - e+[k] = M(SK^s + form^n) - M(SK^s) -- the increase of the measured time
+        is the form's use of the saturated resource (a difference of measurements, so that
+        errors of the model of SK do not leak in); for a singleton designated to its predicted
+        bottleneck r: x[r] + e- - e+ = t(form).
+    Objective: min sum_k (e+ + e-) c / M(k) (relative L1, weights favour the kernels where the
+    form is a large part, whose difference is least amplified by noise) + 1e-6 sum x / t(form).
+    """
+    nv = n_res + 2 * len(rows)
+    c = np.zeros(nv)
+    c[:n_res] = 1e-6 / t_form
+    ub_rows: list[np.ndarray] = []
+    b_ub: list[float] = []
+    eq_rows: list[np.ndarray] = []
+    b_eq: list[float] = []
+    for j, row in enumerate(rows):
+        cnt = row.kernel[form]
+        others = {f: n for f, n in row.kernel.items() if f != form}
+        base = _predict(rho, n_res, others)
+        for r in range(n_res):
+            a = np.zeros(nv)
+            a[r] = cnt
+            ub_rows.append(a)
+            b_ub.append(max(row.cycles * (1 + tol) - base[r], 0.0))
+        if row.designated is None:
+            continue
+        a = np.zeros(nv)
+        a[row.designated] = cnt
+        if row.base_text is not None:
+            a[row.designated] = cnt - _count(row.base_text, form)
+            rhs = row.cycles - meas[row.base_text]
+        else:
+            rhs = row.cycles - base[row.designated]
+        a[n_res + 2 * j] = 1.0
+        a[n_res + 2 * j + 1] = -1.0
+        c[n_res + 2 * j] = c[n_res + 2 * j + 1] = a[row.designated] / row.cycles
+        eq_rows.append(a)
+        b_eq.append(rhs)
+    ub = np.full(nv, np.inf)
+    ub[:n_res] = t_form * (1 + tol)
+    x = _solve(c, np.array(ub_rows), np.array(b_ub),
+               np.array(eq_rows) if eq_rows else np.zeros((0, nv)), np.array(b_eq), ub, stats)
+    # uses below the tolerance are noise (or LP round-off): a phantom use of a resource that
+    # the form does not touch would add up over large kernels
+    return {r: float(x[r]) for r in range(n_res) if x[r] > max(tol, 1e-9) * t_form}
+
+
+def _count(text: str, form: str) -> int:
+    return parse_canonical(text).get(form, 0)
+
+
+def _form_rows(form: str, saturating: Sequence[Mapping[str, int]], singletons: Mapping[str, float],
+               meas: Measurements, cfg: PalmedConfig, pair_index: Mapping[str, list[str]],
+               ) -> tuple[list[_Row], list[int | None]]:
+    rows: list[_Row] = [_Row({form: 1}, singletons[form], None)]
+    fixed: list[int | None] = [None]
+    for text in pair_index.get(form, []):
+        rows.append(_Row(parse_canonical(text), meas[text], None))
+        fixed.append(None)
+    for r, sk in enumerate(saturating):
+        t_sk = meas[_text(sk)]
+        for beta in cfg.betas:
+            base, k = mix(dict(sk), t_sk, form, singletons[form], beta)
+            rows.append(_Row(k, meas[_text(k)], r, _text(base)))
+            fixed.append(r)
+    return rows, fixed
+
+
+def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
+                  meas: Measurements, *, state: Sequence[Mapping[str, int]] = (),
+                  classes: Mapping[str, Sequence[str]] | None = None,
+                  config: PalmedConfig | None = None, log: Log = _nolog,
+                  lp_stats: _LPStats | None = None) -> Step:
+    """Stage 7: the uses of every form, then refinement with the resources the core missed.
+
+    ``state`` lists the defining kernels of the refinement resources found so far. Returns a
+    Step whose ``need`` lists mapping kernels to measure (new resources), or ``done`` with
+    ``result = (rho, defining, saturating)``: rho maps form -> resource index -> use.
+    """
+    cfg = config or PalmedConfig()
+    stats = lp_stats or _LPStats()
+    forms = sorted(set(forms))
+    defining = [dict(d) for d in core.defining] + [dict(k) for k in state]
+    target = cfg.sat_factor * max(singletons[b] for b in core.basic)
+    # pairs measured between each form and a basic form: extra upper bounds, cheap information
+    pair_index: dict[str, list[str]] = {}
+    for f in forms:
+        for b in core.basic:
+            if b == f:
+                continue
+            text = _text(pair_kernel(f, singletons[f], b, singletons[b], cfg.max_mult))
+            if text in meas:
+                pair_index.setdefault(f, []).append(text)
+    rep_of = {m: rep for rep, members in (classes or {}).items() for m in members}
+    rounds = 0
+    while True:
+        missing = [_text(d) for d in defining if _text(d) not in meas]
+        if missing:
+            return Step(need=sorted(set(missing)), state=defining[core.n_resources:])
+        saturating = [_saturating(d, meas[_text(d)], target) for d in defining]
+        need = select_mapping_kernels(saturating, forms, singletons, meas, cfg)
+        if need:
+            return Step(need=need, state=defining[core.n_resources:])
+        n_res = len(defining)
+        rho: dict[str, dict[int, float]] = {f: dict(v) for f, v in core.rho.items()}
+        per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index)
+                    for f in forms}
+        for _ in range(cfg.fit_rounds):
+            new_rho: dict[str, dict[int, float]] = {}
+            for f in forms:
+                rows, fixed = per_form[f]
+                new_rho[f] = _form_lp(f, singletons[f], rows, rho, n_res, meas, cfg.tol, stats)
+            moved = max((abs(new_rho[f].get(r, 0.0) - rho.get(f, {}).get(r, 0.0))
+                         for f in forms for r in range(n_res)), default=0.0)
+            rho = new_rho
+            before = [row.designated for f in forms for row in per_form[f][0]]
+            for f in forms:
+                rows, fixed = per_form[f]
+                _redesignate_form(f, rows, fixed, rho, n_res, singletons[f], cfg.tol)
+            if before == [row.designated for f in forms for row in per_form[f][0]] \
+                    and moved <= 1e-9:
+                break
+        # refinement: measured kernels the model under-predicts reveal missing resources
+        cands: list[tuple[float, str]] = []
+        used = {_text(_reduce(d)) for d in defining}
+        known = set(forms)
+        for text, m in meas.items():
+            k = parse_canonical(text)
+            if not set(k) <= known or m <= 0:
+                continue
+            pred = float(_predict(rho, n_res, k).max()) if n_res else 0.0
+            gap = (m - pred) / m
+            if gap > 2 * cfg.tol and _text(_reduce(k)) not in used:
+                cands.append((-round(gap, 9), text))
+        cands.sort()
+        if not cands or rounds >= cfg.max_refine or n_res >= cfg.max_resources:
+            if cands:
+                log(f"refine: stopping with {len(cands)} under-predicted kernels "
+                    f"(worst {-cands[0][0]:.1%})")
+            return Step(need=[], result=(rho, defining, saturating),
+                        state=defining[core.n_resources:])
+        added: list[Kernel] = []
+        taken: set[str] = set()
+        for gap, text in cands:
+            k = parse_canonical(text)
+            # one candidate per form (and per class) a round: two under-predicted kernels
+            # sharing a form are most often short of the same resource
+            key = {rep_of.get(f, f) for f in k}
+            if key & taken:
+                continue
+            taken |= key
+            added.append(_reduce(k))
+            log(f"refine: resource R{n_res + len(added) - 1:02d} from {text} "
+                f"(under-predicted by {-gap:.1%})")
+            if len(added) >= cfg.refine_batch:
+                break
+        defining += added
+        rounds += 1
+
+
+def _redesignate_form(form: str, rows: list[_Row], fixed: list[int | None],
+                      rho: Mapping[str, Mapping[int, float]], n_res: int, t_form: float,
+                      tol: float) -> None:
+    for row, fix in zip(rows, fixed, strict=True):
+        load = _predict(rho, n_res, row.kernel)
+        if fix is not None:
+            others = np.delete(load, fix)
+            amb = others.size and others.max() >= row.cycles * (1 - tol)
+            row.designated = None if amb else fix
+        elif row.kernel == {form: 1} and n_res:
+            row.designated = int(np.argmax(load))
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def build_model(forms: Sequence[str], measure: Callable[[list[str]], Sequence[float]], *,
+                config: PalmedConfig | None = None, log: Log = _nolog,
+                probes: Sequence[str] | None = None,
+                provenance: Mapping[str, Any] | None = None,
+                ) -> tuple[ResourceModel, dict[str, Any]]:
+    """Run every stage against ``measure``; return the model and statistics.
+
+    ``stats``: kernels measured per stage (``kernels``), LP solves and seconds per stage
+    (``lp``), wall seconds per stage. The model's provenance holds only deterministic facts
+    (config, basic instructions, classes, defining and saturating kernels, kernel counts), so
+    that rebuilding from the same measurements gives an identical file.
+    """
+    cfg = config or PalmedConfig()
+    forms = sorted(set(forms))
+    meas: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    wall: dict[str, float] = {}
+    lp: dict[str, dict[str, float]] = {}
+
+    def run(stage: str, kernels: Sequence[str]) -> None:
+        todo = sorted({k for k in kernels if k not in meas})
+        if todo:
+            values = measure(list(todo))
+            if len(values) != len(todo):
+                raise RuntimeError(f"measure returned {len(values)} values for {len(todo)}")
+            for k, v in zip(todo, values, strict=True):
+                if not (math.isfinite(v) and v > 0):
+                    raise RuntimeError(f"measurement of {k!r} is not a positive number: {v}")
+                meas[k] = float(v)
+        counts[stage] = counts.get(stage, 0) + len(todo)
+        log(f"{stage}: measured {len(todo)} kernels")
+
+    t0 = time.perf_counter()
+    run("singletons", singleton_kernels(forms))
+    singletons = {f: meas[_text({f: 1})] for f in forms}
+    wall["singletons"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    run("pairs", select_pairs(singletons, max_mult=cfg.max_mult, probes=probes))
+    wall["pairs"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    basic = select_basic(singletons, meas, tol=cfg.tol, max_basic=cfg.max_basic,
+                         max_mult=cfg.max_mult)
+    log(f"classes: {len(basic.classes)}; basic: {' '.join(basic.basic)}")
+    wall["basic"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    st = _LPStats()
+    state: list[Kernel] = []
+    while True:
+        step = fit_core(basic, singletons, meas, state=state, config=cfg, log=log, lp_stats=st)
+        state = step.state
+        if step.done:
+            break
+        run("core", step.need)
+    core: Core = step.result
+    lp["core"] = {"solves": st.solves, "seconds": st.seconds}
+    wall["core"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    saturating = select_saturating(core, meas, singletons, cfg)
+    run("saturating", [_text(s) for s in saturating])
+    run("mapping", select_mapping_kernels(saturating, forms, singletons, meas, cfg))
+    wall["mapping"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    st = _LPStats()
+    state = []
+    while True:
+        step = fit_remaining(core, forms, singletons, meas, state=state, classes=basic.classes,
+                             config=cfg, log=log, lp_stats=st)
+        state = step.state
+        if step.done:
+            break
+        run("refine", step.need)
+    rho_idx, defining, saturating = step.result
+    lp["remaining"] = {"solves": st.solves, "seconds": st.seconds}
+    wall["remaining"] = time.perf_counter() - t0
+
+    names = [f"R{r:02d}" for r in range(len(defining))]
+    rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())} for f in forms}
+    model = ResourceModel(
+        resources=names, rho=rho,
+        provenance={
+            "method": "palmed",
+            "config": cfg.as_dict(),
+            "basic": basic.basic,
+            "classes": {rep: members for rep, members in sorted(basic.classes.items())
+                        if len(members) > 1},
+            "n_classes": len(basic.classes),
+            "resources": {n: {"defining": _text(d), "saturating": _text(s),
+                              "stage": "core" if i < core.n_resources else "refine"}
+                          for i, (n, d, s) in enumerate(zip(names, defining, saturating,
+                                                            strict=True))},
+            "kernels": dict(counts),
+            **dict(provenance or {}),
+        })
+    stats = {"kernels": dict(counts), "total_kernels": sum(counts.values()), "lp": lp,
+             "wall_seconds": wall, "n_resources": len(names), "n_core_resources": core.n_resources,
+             "n_basic": len(basic.basic), "n_classes": len(basic.classes)}
+    return model, stats
