@@ -265,6 +265,8 @@ AGG_COLUMNS = [
     "cycles_per_instance_median",
     "cycles_per_instance_min",
     "ipc",
+    "f2_per_instance",
+    "nonlinearity",
 ]
 
 
@@ -273,7 +275,8 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
 
     Columns: the keys, ``kernel``, ``n_insns``, ``clock`` (sorted distinct clocks
     joined by ','), ``reps`` (ok repetitions), ``cycles_per_instance_median``,
-    ``cycles_per_instance_min`` and ``ipc`` = n_insns / median cycles per instance.
+    ``cycles_per_instance_min``, ``ipc`` = n_insns / median cycles per instance,
+    ``f2_per_instance`` and ``nonlinearity`` (see below).
 
     ``cycles_per_instance_min`` is the fastest f2 call minus the fastest f1 call, per
     instance, not the smallest per-repetition difference: on a VM an interruption of the
@@ -298,8 +301,15 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
         cycles_per_instance_median=("cycles_per_instance", "median"),
         _c1=("_c1", "min"),
         _c2=("_c2", "min"),
+        _c2m=("_c2", "median"),
         _inst=("instances", "first"),
     ).reset_index()
     out["cycles_per_instance_min"] = (out["_c2"] - out["_c1"]) / out["_inst"]
     out["ipc"] = out["n_insns"] / out["cycles_per_instance_median"]
+    # Cross-check of the n/2n difference: the long call alone, per instance (it includes the
+    # call and loop overhead, < 0.1 % here). ``nonlinearity`` = difference / f2-alone - 1: near
+    # 0 when the U and 2U bodies run at the same speed per instance, as the method assumes;
+    # a few percent flags a kernel whose speed depends on the loop body's size.
+    out["f2_per_instance"] = out["_c2m"] / (2 * out["_inst"])
+    out["nonlinearity"] = out["cycles_per_instance_median"] / out["f2_per_instance"] - 1
     return out.loc[:, AGG_COLUMNS]
