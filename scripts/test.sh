@@ -6,5 +6,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 bash scripts/install.sh
-.venv/bin/ruff check src tests workflow
+.venv/bin/ruff check src tests workflow benchmarks
 exec .venv/bin/pytest -q "$@"

@@ -253,8 +253,15 @@ def _function(label: str, body: list[str], n_body: int, specs: list[FormSpec],
         pro.append("vzeroupper")
     if _uses(specs, "MMX"):
         pro += [f"movq (%r14), %mm{i}" for i in range(8)]
+    # Dividend registers: DIV keeps RDX below the divisor, so RDX:RAX / d never overflows
+    # (AX = 0x0011 for the 8-bit form). Signed IDIV can still overflow from such values after
+    # a few iterations; RDX:RAX = 0 is its only safe fixed point (0 / d = 0 remainder 0), so a
+    # kernel with IDIV starts from it (data-dependent dividers may be faster on 0: noted).
+    idiv = any(s.extras.get("mnemonic", "") == "IDIV" or s.code.startswith("IDIV_")
+               for s in specs)
+    init = {"RAX": 0, "RDX": 0} if idiv else {"RAX": 0x3FF1111111110011, "RDX": 0}
     for r in x86.GPR64:
-        value = {"RAX": 0x3FF1111111110011, "RDX": 0}.get(r, FILL_PATTERN)
+        value = init.get(r, FILL_PATTERN)
         pro.append(f"movabs ${value:#x}, %{r.lower()}")
     epi = []
     if "avx" in host_flags:
