@@ -21,7 +21,8 @@ def build(tmp_path_factory) -> dict[str, Path]:
     built = {"bin": harness.build_harness(out / "bin")}
     for src in sorted(FIXTURES.glob("*.s")):
         so = out / f"{src.stem}.so"
-        subprocess.run(["gcc", "-shared", "-nostdlib", "-o", str(so), str(src)], check=True)
+        subprocess.run(["gcc", "-shared", "-nostdlib", f"-Wa,-I,{FIXTURES}",  # batch.inc
+                        "-o", str(so), str(src)], check=True)
         built[src.stem] = so
     return built
 
