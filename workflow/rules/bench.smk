@@ -32,6 +32,7 @@ rule measure_batch:
     params:
         batch_id=lambda wildcards: f"singletons-{wildcards.batch}",
         bench=config["bench"],
+        machine=config["machine"],
         workdir=lambda wildcards: f"{RESULTS}/{wildcards.mid}/bench/singletons/work/{wildcards.batch}",
     threads: 1
     resources:

@@ -13,6 +13,7 @@ rule singleton_summary:
         f"{LOGS}/singleton_summary.log",
     params:
         bench=config["bench"],
+        machine=config["machine"],
     conda:
         "../../envs/cpumap.yaml"
     script:

@@ -41,6 +41,7 @@ rule catalogue:
         workdir=f"{MDIR}/isa/work",
         smoke_run=config["catalogue"]["smoke_run"],
         bench=config["bench"],
+        machine=config["machine"],
     conda:
         "../../envs/cpumap.yaml"
     script:

@@ -13,9 +13,11 @@ from cpumap.io import redirect_output  # noqa: E402
 redirect_output(snakemake.log[0])
 
 from cpumap import db  # noqa: E402
-from cpumap.campaign import measure_batch, measurement_params  # noqa: E402
-from cpumap.harness import HARNESS_VERSION  # noqa: E402
+from cpumap.asmgen import canonical, kernel_id, parse_canonical  # noqa: E402
+from cpumap.backend import measurement_key, simulated_rows  # noqa: E402
+from cpumap.campaign import measure_batch  # noqa: E402
 from cpumap.io import read_parquet_checked  # noqa: E402
+from cpumap.simulate import SimulatedMachine  # noqa: E402
 
 with open(snakemake.input.plan, encoding="utf-8") as handle:
     batches = json.load(handle)["batches"]
@@ -33,22 +35,29 @@ workdir.mkdir(parents=True)
 # Kernels already measured on this machine with the same parameters and harness are not
 # measured again (DESIGN §7) unless bench.remeasure is set; the summary finds their rows.
 bench = dict(snakemake.params.bench)
+backend = snakemake.params.machine
+simulated = backend["backend"] == "simulated"
 skip = set()
 if not bench.get("remeasure", False):
     skip = db.measured_keys(
         Path(snakemake.output.part).parent, machine["machine_id"],
-        db.params_id(measurement_params(bench)), HARNESS_VERSION)
-rows = measure_batch(
-    kernels,
-    read_parquet_checked(snakemake.input.forms),
-    machine,
-    bench,
-    workdir,
-    Path(snakemake.input.harness),
-    snakemake.params.batch_id,
-    progress=lambda message: print(message, flush=True),
-    skip=skip,
-)
+        *measurement_key(bench, simulated))
+if simulated:
+    sim = SimulatedMachine(backend["mapping"], backend["noise"], backend["seed"])
+    todo = [k for k in kernels if kernel_id(canonical(parse_canonical(k))) not in skip]
+    rows = simulated_rows(todo, sim, machine["machine_id"], bench, snakemake.params.batch_id)
+else:
+    rows = measure_batch(
+        kernels,
+        read_parquet_checked(snakemake.input.forms),
+        machine,
+        bench,
+        workdir,
+        Path(snakemake.input.harness),
+        snakemake.params.batch_id,
+        progress=lambda message: print(message, flush=True),
+        skip=skip,
+    )
 part = db.append(Path(snakemake.output.part).parent, rows, snakemake.params.batch_id)
 if part.resolve() != Path(snakemake.output.part).resolve():
     raise SystemExit(f"DB part written to {part}, expected {snakemake.output.part}")

@@ -12,8 +12,8 @@ from cpumap.io import redirect_output  # noqa: E402
 redirect_output(snakemake.log[0])
 
 from cpumap import db  # noqa: E402
-from cpumap.campaign import measurement_params, singleton_summary  # noqa: E402
-from cpumap.harness import HARNESS_VERSION  # noqa: E402
+from cpumap.backend import measurement_key  # noqa: E402
+from cpumap.campaign import singleton_summary  # noqa: E402
 from cpumap.io import read_parquet_checked, write_tsv_atomic  # noqa: E402
 
 forms = read_parquet_checked(snakemake.input.forms)
@@ -23,9 +23,10 @@ with open(snakemake.input.plan, encoding="utf-8") as handle:
 # parts plus earlier parts that already held some of its kernels (those were not remeasured).
 db_dir = Path(snakemake.input.parts[0]).parent if snakemake.input.parts else None
 rows = db.load(db_dir, machine_id=snakemake.wildcards.mid) if db_dir else db.empty_frame()
-rows = rows[rows.kernel.isin(kernels)
-            & (rows.params_id == db.params_id(measurement_params(snakemake.params.bench)))
-            & (rows.harness_version == HARNESS_VERSION)]
+params_id, version = measurement_key(snakemake.params.bench,
+                                     snakemake.params.machine["backend"] == "simulated")
+rows = rows[rows.kernel.isin(kernels) & (rows.params_id == params_id)
+            & (rows.harness_version == version)]
 summary, singletons = singleton_summary(forms, rows)
 write_tsv_atomic(summary, snakemake.output.summary)
 write_tsv_atomic(singletons, snakemake.output.singletons)

@@ -1,0 +1,126 @@
+"""Where measurements come from: this CPU (the harness) or a simulated machine, behind one API.
+
+Every stage of the pipeline (singletons, Palmed's stages, validation) asks a ``Measurer`` for
+the cycles of a list of kernels. It answers from the measurement database when the kernel was
+already measured on this machine with the same parameters and harness, and measures the rest
+as one batch, stored as one new database part. So a rerun, or a rebuild from an archived
+database, measures nothing and gets the same numbers, which makes the model derivable from the
+raw rows alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import asmgen, campaign, db, harness, isa
+from .simulate import SimulatedMachine
+
+SIMULATED_VERSION = "sim-1"  # plays the part of the harness version for simulated rows
+
+
+def measurement_key(bench: Mapping, simulated: bool) -> tuple[str, str]:
+    """(params_id, harness version) that rows of this configuration carry in the DB."""
+    params = campaign.measurement_params(bench)
+    if simulated:
+        return db.params_id(params | {"backend": "simulated"}), SIMULATED_VERSION
+    return db.params_id(params), harness.HARNESS_VERSION
+
+
+def simulated_forms(sim: SimulatedMachine) -> pd.DataFrame:
+    """The catalogue of a simulated machine: every form of its mapping, all measurable."""
+    rows = [{c: "" for c in isa.COLUMNS} | {
+        "name": name, "code": name, "status": "ok", "mnemonic": name.split("_")[0],
+        "category": "simulated", "encoding": "SIMULATED", "extension": sim.kind,
+        "gas": "n/a", "att_template": name, "att_example": name,
+    } for name in sorted(sim.forms)]
+    df = pd.DataFrame(rows, columns=isa.COLUMNS)
+    for c in ("mem", "reads_flags", "writes_flags"):
+        df[c] = False
+    return df
+
+
+def simulated_rows(kernels: list[str], sim: SimulatedMachine, machine_id: str, bench: Mapping,
+                   batch_id: str) -> pd.DataFrame:
+    """DB rows of kernels answered by a simulated machine: one exact (or noisy) row each."""
+    params = campaign.measurement_params(bench) | {"backend": "simulated"}
+    now = pd.Timestamp(datetime.now(UTC)).floor("us")
+    rows = []
+    for text, cycles in zip(kernels, sim.measure(kernels), strict=True):
+        k = asmgen.parse_canonical(text)
+        canon = asmgen.canonical(k)
+        rows.append({
+            "machine_id": machine_id, "host": socket.gethostname(), "backend": "simulated",
+            "kernel_id": asmgen.kernel_id(canon), "kernel": canon, "n_insns": sum(k.values()),
+            "params_id": db.params_id(params), "params": json.dumps(params, sort_keys=True),
+            "harness_version": SIMULATED_VERSION, "batch_id": batch_id, "rep": 0,
+            "status": "ok", "error": "", "clock": "simulated", "insn_source": "simulated",
+            "ticks1": 0, "ticks2": 0, "cycles1": -1, "cycles2": -1, "calib_ratio": np.nan,
+            "instances": 1, "instructions": sum(k.values()), "cycles": cycles,
+            "cycles_per_instance": cycles, "timestamp": now,
+        })
+    return db.conform(pd.DataFrame(rows))
+
+
+class Measurer:
+    """Cycles per instance of kernels for one machine, from the DB or measured now."""
+
+    def __init__(self, machine: dict, forms: pd.DataFrame, bench: Mapping, db_dir: Path,
+                 workdir: Path, *, harness_bin: Path | None = None,
+                 sim: SimulatedMachine | None = None, log: Callable[[str], None] | None = None,
+                 remeasure: bool = False):
+        self.machine, self.forms, self.bench = machine, forms, dict(bench)
+        self.db_dir, self.workdir = Path(db_dir), Path(workdir)
+        self.harness_bin, self.sim = harness_bin, sim
+        self.log = log or (lambda _m: None)
+        self.remeasure = remeasure
+        self.machine_id = machine["machine_id"]
+        self.params_id, self.version = measurement_key(self.bench, sim is not None)
+        self._known: dict[str, float] | None = None
+        self.measured_now = 0
+
+    def known(self) -> dict[str, float]:
+        """Median cycles per instance of every ok kernel in the DB for this machine/params."""
+        if self._known is None:
+            rows = db.load(self.db_dir, machine_id=self.machine_id)
+            rows = rows[(rows.params_id == self.params_id)
+                        & (rows.harness_version == self.version)]
+            agg = db.aggregate(rows)
+            self._known = {} if self.remeasure else dict(
+                zip(agg.kernel, agg.cycles_per_instance_median.astype(float), strict=True))
+        return self._known
+
+    def measure(self, kernels: list[str], stage: str) -> dict[str, float]:
+        """Cycles of each kernel (canonical text); failed kernels are left out."""
+        canon = list(dict.fromkeys(asmgen.canonical(asmgen.parse_canonical(k))
+                                   for k in kernels))
+        known = self.known()
+        todo = [k for k in canon if k not in known]
+        if todo:
+            digest = hashlib.sha256("\n".join(todo).encode()).hexdigest()[:8]
+            batch_id = f"{stage}-{digest}"
+            self.log(f"{stage}: measuring {len(todo)} kernels ({len(canon) - len(todo)} "
+                     "already in the database)")
+            if self.sim is not None:
+                rows = simulated_rows(todo, self.sim, self.machine_id, self.bench, batch_id)
+            else:
+                rows = campaign.measure_batch(
+                    todo, self.forms, self.machine, self.bench, self.workdir / batch_id,
+                    self.harness_bin, batch_id, progress=self.log)
+            if db.part_path(self.db_dir, batch_id).exists():
+                # same kernels measured by an interrupted earlier run: keep both, new name
+                batch_id = f"{batch_id}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"
+                rows["batch_id"] = batch_id
+            db.append(self.db_dir, rows, batch_id)
+            self.measured_now += len(todo)
+            agg = db.aggregate(rows)
+            known.update(zip(agg.kernel, agg.cycles_per_instance_median.astype(float),
+                             strict=True))
+        return {k: known[k] for k in canon if k in known}
