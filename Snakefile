@@ -19,6 +19,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/isa.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/db.smk"
+include: "workflow/rules/model.smk"
 
 
 localrules:
@@ -29,4 +30,5 @@ rule all:
     input:
         summary=expand(SINGLETON_SUMMARY, mid=MACHINE_ID),
         singletons=expand(SINGLETON_TABLE, mid=MACHINE_ID),
+        model=expand(MODEL_REPORT, mid=MACHINE_ID) if config["model"]["enabled"] else [],
     default_target: True

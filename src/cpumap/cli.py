@@ -139,6 +139,45 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
+    from . import resmodel  # local import: predicting needs neither the harness nor iced
+
+    try:
+        model = resmodel.load(args.model)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load model {args.model}: {exc}") from exc
+    known = set(model.forms)
+    kernel: dict[str, int] = {}
+    try:
+        terms = asmgen.parse_kernel_terms(args.instr)
+    except asmgen.KernelError as exc:
+        raise UsageError(str(exc)) from exc
+    cat = None
+    for text, n in terms:
+        name = text if text in known else None
+        if name is None:
+            # a form name in another case, or AT&T text: resolve through this host's catalogue
+            cat = cat or ctx.catalogue()
+            try:
+                name = cat.resolve(text)
+            except isa.UnknownInstruction as exc:
+                raise UsageError(str(exc)) from exc
+        if name not in known:
+            raise UsageError(f"{text!r} ({name}) is not in the model {args.model}")
+        kernel[name] = kernel.get(name, 0) + n
+    cycles, bottleneck = resmodel.predict(model, kernel)
+    out = {"kernel": asmgen.canonical(kernel), "forms": sorted(kernel),
+           "n_insns": sum(kernel.values()), "cycles": cycles,
+           "ipc": sum(kernel.values()) / cycles if cycles > 0 else None,
+           "bottleneck": bottleneck, "model": str(args.model)}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['kernel']}: {cycles:.4f} cycles per instance, IPC {out['ipc']:.3f}, "
+              f"bottleneck {bottleneck}")
+    return 0
+
+
 def cmd_forms(args: argparse.Namespace, ctx: Context) -> int:
     df = ctx.catalogue().df
     if not args.all:
@@ -188,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--cpu", type=int, help="core to pin the harness to")
     m.add_argument("-v", "--verbose", action="store_true")
     m.set_defaults(fn=cmd_measure)
+    pr = sub.add_parser("predict", help="predict the throughput of a kernel with a model")
+    pr.add_argument("instr", nargs="+", help="form name or AT&T instruction, optionally *N")
+    pr.add_argument("--model", required=True, type=Path, help="model.json")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=cmd_predict)
     f = sub.add_parser("forms", help="list instruction forms of the catalogue")
     f.add_argument("pattern", nargs="?", help="regular expression on name or AT&T template")
     f.add_argument("--all", action="store_true", help="include excluded forms")

@@ -52,6 +52,8 @@ SINGLETON_PLAN = f"{MDIR}/bench/singletons/plan.json"
 SINGLETON_PART = f"{MDIR}/db/part-singletons-{{batch}}.parquet"
 SINGLETON_SUMMARY = f"{MDIR}/bench/singletons/summary.tsv"
 SINGLETON_TABLE = f"{MDIR}/bench/singletons/singletons.tsv"
+MODEL_JSON = f"{MDIR}/model/model.json"
+MODEL_REPORT = f"{MDIR}/model/report.md"
 LOGS = f"{MDIR}/logs"
 
 

@@ -1,0 +1,90 @@
+"""The modelling stage of the pipeline: Palmed against a Measurer, then held-out validation.
+
+Glue between ``cpumap.palmed`` (pure algorithm, asks for kernels), ``cpumap.backend.Measurer``
+(answers from the DB or measures, one DB part per request) and the output files. Palmed's
+later stages choose their kernels from earlier measurements in loops whose length depends on
+the data (the core mapping adds a resource per round), so they run inside one job that asks
+the Measurer stage by stage; every measurement is stored as it is made, and a rerun finds
+them all in the DB: the model is then rebuilt from the raw rows alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import io, resmodel, validate
+from .backend import Measurer
+from .palmed import PalmedConfig, build_model
+
+
+def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedConfig:
+    """Palmed's knobs from the ``model`` config section; ``tol: null`` follows the noise."""
+    tol = model_cfg.get("tol")
+    if tol is None:
+        # about 3x the relative noise of the measurements (PalmedConfig's docstring)
+        tol = max(1e-6, 3 * noise) if noise is not None else 0.02
+    return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 16)),
+                        seed=int(model_cfg.get("seed", 0)))
+
+
+def fit(forms: list[str], measurer: Measurer, cfg: PalmedConfig,
+        log: Callable[[str], None]) -> tuple[resmodel.ResourceModel, dict]:
+    """Run Palmed on ``forms``; every kernel it asks for goes through ``measurer``."""
+    round_no = [0]
+
+    def measure(kernels: list[str]) -> list[float]:
+        round_no[0] += 1
+        got = measurer.measure(kernels, stage=f"palmed{round_no[0]:03d}")
+        missing = [k for k in kernels if k not in got]
+        if missing:
+            raise RuntimeError(f"{len(missing)} kernels could not be measured, e.g. "
+                               f"{missing[0]!r}; see the failed rows of the database")
+        return [got[k] for k in kernels]
+
+    t0 = time.perf_counter()
+    model, stats = build_model(forms, measure, config=cfg, log=log)
+    stats["wall_seconds"]["total"] = time.perf_counter() - t0
+    stats["measured_now"] = measurer.measured_now
+    return model, stats
+
+
+def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, table_path: Path,
+                stats_path: Path) -> None:
+    resmodel.save(model, model_path)
+    io.write_tsv_atomic(model.table(), table_path)
+    io.write_json_atomic(stats, stats_path)
+
+
+def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Measurer,
+                   count: int, seed: int) -> tuple[pd.DataFrame, dict]:
+    kernels = validate.random_kernels(forms, count, seed)
+    table = validate.validate(model, kernels,
+                              lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"))
+    return table, validate.metrics(table)
+
+
+def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], machine_id: str,
+                      count: int) -> str:
+    """A short Markdown report of the model and its held-out errors."""
+    def fmt(v: float) -> str:
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
+
+    lines = [f"# Resource model of {machine_id}", "",
+             f"- resources: {stats.get('n_resources')} ({stats.get('n_core_resources')} from "
+             f"the core mapping), basic instructions: {stats.get('n_basic')}, classes: "
+             f"{stats.get('n_classes')}",
+             f"- kernels measured per stage: {stats.get('kernels')}",
+             f"- LP solves and seconds: {stats.get('lp')}",
+             "", "## Held-out validation", "",
+             f"{metrics['kernels']} of {count} random kernels (1-5 distinct forms) measured.", "",
+             "| metric | value |", "| --- | --- |",
+             f"| RMS relative error of IPC | {fmt(metrics['rms_rel_error_ipc'])} |",
+             f"| MAPE of IPC | {fmt(metrics['mape_ipc'])} |",
+             f"| Kendall's tau of IPC | {fmt(metrics['kendall_tau'])} |", ""]
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+# Stage 3: the resource model (Palmed) of the measured forms, and its held-out validation.
+# Palmed's stages after the singletons choose their kernels from earlier measurements in
+# data-dependent loops; they run in one job that stores every measurement in the DB as it is
+# made (see cpumap.modelling), so a rerun rebuilds the model from the raw rows alone.
+
+
+rule fit_model:
+    input:
+        summary=SINGLETON_SUMMARY,
+        plan=SINGLETON_PLAN,
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        model=MODEL_JSON,
+        table=f"{MDIR}/model/mapping.tsv",
+        stats=f"{MDIR}/model/stats.json",
+    log:
+        f"{LOGS}/fit_model.log",
+    params:
+        bench=config["bench"],
+        machine=config["machine"],
+        model=config["model"],
+        workdir=f"{MDIR}/model/work",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/fit_model.py"
+
+
+rule validate_model:
+    input:
+        model=MODEL_JSON,
+        plan=SINGLETON_PLAN,
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+        stats=f"{MDIR}/model/stats.json",
+    output:
+        table=f"{MDIR}/model/validation.tsv",
+        metrics=f"{MDIR}/model/validation.json",
+        report=f"{MDIR}/model/report.md",
+    log:
+        f"{LOGS}/validate_model.log",
+    params:
+        bench=config["bench"],
+        machine=config["machine"],
+        model=config["model"],
+        workdir=f"{MDIR}/model/work-validation",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/validate_model.py"

@@ -1,0 +1,30 @@
+"""Rule validate_model: held-out random kernels, measured and predicted; the model report."""
+
+import json
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+sys.path.insert(0, str(Path(snakemake.scriptdir)))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+from model_common import measurer_and_forms  # noqa: E402
+
+from cpumap import io, modelling, resmodel  # noqa: E402
+
+measurer, forms, _noise, machine = measurer_and_forms(snakemake)
+model = resmodel.load(snakemake.input.model)
+count = int(snakemake.params.model["validation_kernels"])
+seed = int(snakemake.params.model["validation_seed"])
+table, metrics = modelling.run_validation(model, forms, measurer, count, seed)
+with open(snakemake.input.stats, encoding="utf-8") as handle:
+    stats = json.load(handle)
+io.write_tsv_atomic(table, snakemake.output.table)
+io.write_json_atomic(metrics, snakemake.output.metrics)
+io.write_text_atomic(modelling.validation_report(metrics, stats, machine["machine_id"], count),
+                     snakemake.output.report)
+print(json.dumps(metrics))
