@@ -287,7 +287,6 @@ def synthetic_mapping(n_ports: int = 8, n_forms: int = 100, seed: int = 0) -> di
     weights = weights / weights.sum()
     assignment: dict[str, list[list[str]]] = {}
     insns = [f"FORM_{k:03d}" for k in range(n_forms)]
-    seen: set[tuple[tuple[str, ...], ...]] = set()
     for k, name in enumerate(insns):
         if k < len(names) and names[k] != "div":
             uops = [kinds[names[k]]]
@@ -298,8 +297,6 @@ def synthetic_mapping(n_ports: int = 8, n_forms: int = 100, seed: int = 0) -> di
             uops = [kinds[names[int(rng.choice(len(names), p=weights))]] for _ in range(n_uops)]
             if n_uops >= 2 and rng.random() < 0.3:  # store form: store-address + store-data
                 uops = uops[:n_uops - 2] + [kinds["store_addr"], kinds["store_data"]]
-        key = tuple(sorted(tuple(u) for u in uops))
-        seen.add(key)
         assignment[name] = [list(u) for u in uops]
     return {"kind": "Mapping3", "arch": {"insns": insns, "ports": ports},
             "assignment": assignment}

@@ -1,0 +1,93 @@
+"""Resource model: prediction, files, table; the simulated machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cpumap import resmodel
+from cpumap.portmap import synthetic_mapping
+from cpumap.resmodel import ResourceModel, predict
+from cpumap.simulate import SimulatedMachine
+
+# The resource model of the Palmed paper's example: ADDSS on {p0,p1}, BSR on {p1}
+MODEL = ResourceModel(
+    resources=["p01", "p1"],
+    rho={"ADDSS": {"p01": 0.5}, "BSR": {"p01": 0.5, "p1": 1.0}},
+    provenance={"source": "hand"},
+)
+
+
+def test_predict_bottleneck() -> None:
+    assert predict(MODEL, {"ADDSS": 2, "BSR": 1}) == (pytest.approx(1.5), "p01")
+    assert predict(MODEL, {"ADDSS": 1, "BSR": 2}) == (pytest.approx(2.0), "p1")
+    assert predict(MODEL, "ADDSS*2 BSR") == (pytest.approx(1.5), "p01")
+    assert predict(MODEL, {}) == (0.0, None)
+    with pytest.raises(KeyError, match="XOR"):
+        predict(MODEL, {"XOR": 1})
+
+
+def test_save_load_round_trip_is_byte_stable(tmp_path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    resmodel.save(MODEL, a)
+    back = resmodel.load(a)
+    assert back.resources == MODEL.resources and back.rho == MODEL.rho
+    assert back.provenance == MODEL.provenance
+    resmodel.save(back, b)
+    assert a.read_bytes() == b.read_bytes()
+    obj = json.loads(a.read_text())
+    assert obj["format"] == resmodel.FORMAT and obj["version"] == 1
+
+
+def test_load_rejects_bad_files(tmp_path) -> None:
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="format"):
+        resmodel.load(p)
+    bad = MODEL.to_dict()
+    bad["rho"]["ADDSS"] = {"nope": 1.0}
+    p.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="unknown resource"):
+        resmodel.load(p)
+
+
+def test_table() -> None:
+    t = MODEL.table()
+    assert list(t.columns) == ["form", "p01", "p1", "cycles", "bottleneck"]
+    row = t.set_index("form").loc["BSR"]
+    assert row["p1"] == 1.0 and row["cycles"] == 1.0 and row["bottleneck"] == "p1"
+
+
+def test_simulated_machine_from_files(tmp_path) -> None:
+    mp = tmp_path / "ports.json"
+    mp.write_text(json.dumps(synthetic_mapping(8, 20, seed=0)))
+    sim = SimulatedMachine(mp)
+    assert sim.forms[0] == "FORM_000" and len(sim.forms) == 20
+    assert sim.machine_id.startswith("sim-ports-")
+    assert sim.measure(["FORM_000", "FORM_000*2"]) == [pytest.approx(v) for v in (
+        sim.exact({"FORM_000": 1}), 2 * sim.exact({"FORM_000": 1}))]
+    rp = tmp_path / "res.json"
+    resmodel.save(MODEL, rp)
+    rsim = SimulatedMachine(rp)
+    assert rsim.forms == ["ADDSS", "BSR"]
+    assert rsim.measure(["ADDSS*2 BSR"]) == [pytest.approx(1.5)]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="bad.json"):
+        SimulatedMachine(bad)
+
+
+def test_noise_is_deterministic_per_kernel(tmp_path) -> None:
+    mp = tmp_path / "ports.json"
+    mp.write_text(json.dumps(synthetic_mapping(8, 20, seed=0)))
+    a = SimulatedMachine(mp, noise=0.02, seed=1)
+    b = SimulatedMachine(mp, noise=0.02, seed=1)
+    c = SimulatedMachine(mp, noise=0.02, seed=2)
+    kernels = [f"FORM_{i:03d}*{n}" for i in range(20) for n in (1, 2, 3)]
+    va = a.measure(kernels)
+    assert va == b.measure(kernels) == a.measure(kernels)
+    assert va != c.measure(kernels)
+    rel = [v / a.exact(k) - 1 for v, k in zip(va, kernels, strict=True)]
+    assert max(abs(r) for r in rel) <= 0.06 + 1e-12 and max(abs(r) for r in rel) > 0
+    assert len({a.machine_id, c.machine_id, SimulatedMachine(mp).machine_id}) == 3
