@@ -111,9 +111,8 @@ def test_rebuild_from_measurements_is_identical(built, machine, tmp_path) -> Non
     assert a.read_bytes() == b.read_bytes()
 
 
-@pytest.mark.xfail(strict=True, reason="noise robustness not reached yet: ~14-50% RMS at 2% noise "
-                          "(finite differences amplify noise; see palmed module docstring)",
-                   strict=False)
+@pytest.mark.xfail(strict=True, reason="noise robustness not reached yet: ~14-50% RMS at 2% "
+                   "noise (finite differences amplify noise; see palmed module docstring)")
 def test_acceptance_two_percent_noise(machine, tmp_path) -> None:
     path = tmp_path / "m.json"
     path.write_text(json.dumps(synthetic_mapping(8, 100, seed=0)))
