@@ -69,7 +69,7 @@ def test_simulated_pipeline_model_rebuilt_from_db(tmp_path):
     cfg["results_dir"] = str(tmp_path / "results")
     cfg["machine"] = {"backend": "simulated", "mapping": str(mapping), "noise": 0.0, "seed": 0}
     cfg["selection"]["forms"] = "all"
-    cfg["model"]["validation_kernels"] = 100
+    cfg["model"] |= {"enabled": True, "validation_kernels": 100}
     cfgfile = tmp_path / "config.yaml"
     cfgfile.write_text(yaml.safe_dump(cfg))
     cmd = [SNAKEMAKE, "--cores", "2", "--configfile", str(cfgfile)]

@@ -10,6 +10,7 @@ them all in the DB: the model is then rebuilt from the raw rows alone.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +22,29 @@ import pandas as pd
 from . import io, resmodel, validate
 from .backend import Measurer
 from .palmed import PalmedConfig, build_model
+
+
+def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Forms Palmed can model, and the reason for each one left out.
+
+    A resource model describes dependency-free throughput. Forms that write registers
+    implicitly (RDX:RAX of MUL and DIV, ...) or read and write the flags (ADC, RCL) form a
+    dependence chain in every kernel that contains them, so their cycles are a latency, and
+    in company they can even fault (MUL leaves RDX:RAX such that DIV overflows): they stay out.
+    """
+    info = forms.set_index("name")
+    kept, left = [], {}
+    for n in names:
+        row = info.loc[n]
+        implicit = json.loads(row.implicit) if row.implicit else []
+        written = [r for r, acc in implicit if "w" in acc]
+        if written:
+            left[n] = f"writes {'/'.join(written)} implicitly (dependence chain)"
+        elif bool(row.reads_flags) and bool(row.writes_flags):
+            left[n] = "reads and writes the flags (dependence chain)"
+        else:
+            kept.append(n)
+    return kept, left
 
 
 def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedConfig:
@@ -80,6 +104,8 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"the core mapping), basic instructions: {stats.get('n_basic')}, classes: "
              f"{stats.get('n_classes')}",
              f"- kernels measured per stage: {stats.get('kernels')}",
+             f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
+             f"{sorted(stats.get('not_modelled', {}))}",
              f"- LP solves and seconds: {stats.get('lp')}",
              "", "## Held-out validation", "",
              f"{metrics['kernels']} of {count} random kernels (1-5 distinct forms) measured.", "",

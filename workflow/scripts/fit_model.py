@@ -16,9 +16,13 @@ from model_common import measurer_and_forms  # noqa: E402
 from cpumap import modelling  # noqa: E402
 
 measurer, forms, noise, machine = measurer_and_forms(snakemake)
+forms, left_out = modelling.modelable(measurer.forms, forms)
+for name, reason in sorted(left_out.items()):
+    print(f"not modelled: {name}: {reason}", flush=True)
 cfg = modelling.palmed_config(snakemake.params.model, noise)
 print(f"modelling {len(forms)} forms of {machine['machine_id']} (tol {cfg.tol})", flush=True)
 model, stats = modelling.fit(forms, measurer, cfg, lambda message: print(message, flush=True))
+stats["not_modelled"] = left_out
 modelling.write_model(model, stats, Path(snakemake.output.model), Path(snakemake.output.table),
                       Path(snakemake.output.stats))
 print(f"{len(model.resources)} resources; kernels per stage {stats['kernels']}; "
