@@ -227,8 +227,14 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict
             cycles = float(r["ticks2"] - r["ticks1"]) * row_ratio
             # f2 - f1 executes exactly U copies of the kernel per iteration more
             instructions = instances * m.n_insns
+        # f2 runs twice f1's work: a difference <= 0 means the n/2n premise failed for this
+        # repetition (seen on a few mixed memory kernels whose U-copy loop ran slower than
+        # the 2U one); keep the raw ticks, but never as an ok measurement
+        bad = cycles <= 0
         rows.append(base | {
-            "rep": int(r["rep"]), "status": "ok", "error": "", "clock": res.clock,
+            "rep": int(r["rep"]), "status": "failed" if bad else "ok",
+            "error": "f2 - f1 <= 0: the U-copy loop ran slower than the 2U one" if bad else "",
+            "clock": res.clock,
             "insn_source": res.insn_source, "ticks1": int(r["ticks1"]),
             "ticks2": int(r["ticks2"]), "cycles1": int(r["cycles1"]),
             "cycles2": int(r["cycles2"]), "calib_ratio": row_ratio, "instances": instances,
