@@ -39,10 +39,18 @@ def test_measure_rejects_with_exit_2(results, instr, needle):
     assert proc.stdout == ""
 
 
+def fastest(results: Path, *instr: str, tries: int = 3) -> dict:
+    """The fastest of a few invocations: interference on a shared host only ever slows a
+    kernel down (a busy neighbour once made `add` 30 % slower for a whole invocation)."""
+    outs = [json.loads(run(results, "measure", "--json", "--force", *instr).stdout)
+            for _ in range(tries)]
+    return min(outs, key=lambda o: o["cycles"])
+
+
 def test_measure_json_add_and_linearity(results):
     """add r64,r64 alone and doubled; physics: 1/ALU-count cycles, A*2 = 2 x A."""
-    one = json.loads(run(results, "measure", "--json", "--force", "addq %rax, %rbx").stdout)
-    two = json.loads(run(results, "measure", "--json", "--force", "ADD_R64_R64*2").stdout)
+    one = fastest(results, "addq %rax, %rbx")
+    two = fastest(results, "ADD_R64_R64*2")
     assert one["forms"] == ["ADD_R64_R64"] and one["n_insns"] == 1
     assert one["clock"] in ("papi", "tsc-calibrated")
     assert one["repetitions"] == 10
