@@ -229,7 +229,7 @@ def _uses(specs: list[FormSpec], cls: str) -> bool:
         for s in specs for r, _a in s.implicit)
 
 
-def _function(label: str, body: list[str], n_body: int, specs: list[FormSpec],
+def _function(label: str, body: list[str], specs: list[FormSpec],
               host_flags: set[str], arena_bytes: int) -> tuple[list[str], int]:
     """Assembly of one measured function; returns lines and its instruction count w/o body."""
     pro = ["push %rbx", "push %rbp", "push %r12", "push %r13", "push %r14", "push %r15",
@@ -273,7 +273,6 @@ def _function(label: str, body: list[str], n_body: int, specs: list[FormSpec],
     lines = ["    .p2align 6", f"{label}:"] + [f"    {x}" for x in pro]
     lines += ["    .p2align 6", f"{label}_loop:"] + body
     lines += ["    dec %r15", f"    jnz {label}_loop"] + [f"    {x}" for x in epi]
-    assert n_body >= 0
     return lines, len(pro) + len(epi)
 
 
@@ -303,7 +302,7 @@ def generate_batch(
         em = Emitter(specs, alloc, params.arena_bytes)
         body2 = [em.emit(name) for _ in range(2 * unroll) for name in copy]
         for fn, body in (("f1", body2[:unroll * m]), ("f2", body2)):
-            lines, fixed = _function(f"cpumap_k{i}_{fn}", body, len(body), kspecs, host_flags,
+            lines, fixed = _function(f"cpumap_k{i}_{fn}", body, kspecs, host_flags,
                                      params.arena_bytes)
             out += lines
             counts.append(fixed + iters * (len(body) + 2))

@@ -11,8 +11,6 @@ raw rows alone.
 from __future__ import annotations
 
 import hashlib
-import json
-import socket
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,12 +54,9 @@ def simulated_rows(kernels: list[str], sim: SimulatedMachine, machine_id: str, b
     for text, cycles in zip(kernels, sim.measure(kernels), strict=True):
         k = asmgen.parse_canonical(text)
         canon = asmgen.canonical(k)
-        rows.append({
-            "machine_id": machine_id, "host": socket.gethostname(), "backend": "simulated",
-            "kernel_id": asmgen.kernel_id(canon), "kernel": canon, "n_insns": sum(k.values()),
-            "params_id": db.params_id(params), "params": json.dumps(params, sort_keys=True),
-            "harness_version": SIMULATED_VERSION, "batch_id": batch_id, "rep": 0,
-            "status": "ok", "error": "", "clock": "simulated", "insn_source": "simulated",
+        rows.append(campaign.base_row(machine_id, batch_id, params, canon, sum(k.values()),
+                                      backend="simulated", version=SIMULATED_VERSION) | {
+            "rep": 0, "status": "ok", "error": "", "clock": "simulated", "insn_source": "simulated",
             "ticks1": 0, "ticks2": 0, "cycles1": -1, "cycles2": -1, "calib_ratio": np.nan,
             "instances": 1, "instructions": sum(k.values()), "cycles": cycles,
             "cycles_per_instance": cycles, "timestamp": now,

@@ -73,13 +73,23 @@ def _specs(forms: pd.DataFrame, names) -> dict[str, FormSpec]:
     return {n: FormSpec.from_json(s) for n, s in zip(rows.index, rows["spec"], strict=True)}
 
 
-def _base_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insns: int) -> dict:
+def base_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insns: int, *,
+             backend: str = "native", version: str = harness.HARNESS_VERSION) -> dict:
+    """The identity columns every DB row of a kernel carries."""
     return {
-        "machine_id": machine_id, "host": socket.gethostname(), "backend": "native",
+        "machine_id": machine_id, "host": socket.gethostname(), "backend": backend,
         "kernel_id": asmgen.kernel_id(canon), "kernel": canon, "n_insns": n_insns,
         "params_id": db.params_id(params), "params": json.dumps(params, sort_keys=True),
-        "harness_version": harness.HARNESS_VERSION, "batch_id": batch_id,
+        "harness_version": version, "batch_id": batch_id,
     }
+
+
+def _failed_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insns: int,
+                error: str, now: pd.Timestamp, clock: str = "", insn_source: str = "") -> dict:
+    """The one row a kernel that could not be measured gets (rep -1)."""
+    return base_row(machine_id, batch_id, params, canon, n_insns) | {
+        "rep": -1, "status": "failed", "error": error, "clock": clock,
+        "insn_source": insn_source, "timestamp": now}
 
 
 def measure_batch(
@@ -124,8 +134,8 @@ def measure_batch(
             except asmgen.KernelError as exc:
                 err = str(exc)
         if err:
-            rows.append(_base_row(machine_id, batch_id, params, canon, sum(k.values()))
-                        | {"status": "failed", "error": err, "rep": -1, "timestamp": now})
+            rows.append(_failed_row(machine_id, batch_id, params, canon, sum(k.values()), err,
+                                    now))
         else:
             good.append(k)
     if good:
@@ -194,27 +204,26 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now) -> list[
             i = int(r["index"])
             r["rep"] = reps_done.get(i, 0)
             reps_done[i] = r["rep"] + 1
-        rows += rows_from_result(dataclasses.replace(res, rows=kept, failures={}), metas,
-                                 machine_id, batch_id, params, now)
+        rows += rows_from_result(dataclasses.replace(res, rows=kept), metas, machine_id,
+                                 batch_id, params, now)
     clock = results[0].clock if results else ""
     src = results[0].insn_source if results else ""
     by_index = {m.index: m for m in metas}
     for idx, reason in failed.items():
         m = by_index[idx]
-        rows.append(_base_row(machine_id, batch_id, params, m.kernel, m.n_insns) | {
-            "rep": -1, "status": "failed", "error": reason, "clock": clock,
-            "insn_source": src, "timestamp": now})
+        rows.append(_failed_row(machine_id, batch_id, params, m.kernel, m.n_insns, reason, now,
+                                clock, src))
     return rows
 
 
 def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict]:
-    """Turn harness output into DB rows (one per repetition, or one per failed kernel)."""
+    """DB rows of the measured repetitions of one harness run (failures: rows_from_rounds)."""
     rows = []
     ratio = harness.calib_ratio(res)
     by_index = {m.index: m for m in metas}
     for r in res.rows:
         m = by_index[int(r["index"])]
-        base = _base_row(machine_id, batch_id, params, m.kernel, m.n_insns)
+        base = base_row(machine_id, batch_id, params, m.kernel, m.n_insns)
         # the harness may run a slow kernel with fewer iterations (bench.max_call_ms)
         iters = int(r.get("iters", m.iters))
         instances = m.unroll * iters
@@ -241,11 +250,6 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now) -> list[dict
             "instructions": instructions, "cycles": cycles,
             "cycles_per_instance": cycles / instances, "timestamp": now,
         })
-    for idx, reason in res.failures.items():
-        m = by_index[int(idx)]
-        rows.append(_base_row(machine_id, batch_id, params, m.kernel, m.n_insns) | {
-            "rep": -1, "status": "failed", "error": reason, "clock": res.clock,
-            "insn_source": res.insn_source, "timestamp": now})
     return rows
 
 

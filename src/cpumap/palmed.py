@@ -448,6 +448,13 @@ def _core_lp(basic: Sequence[str], upper: list[tuple[Kernel, float]],
             for i, b in enumerate(basic)}
 
 
+def _keep_fixed(load: np.ndarray, fix: int, cycles: float, tol: float) -> int | None:
+    """A saturating kernel keeps its resource unless another one explains it within tol."""
+    others = np.delete(load, fix)
+    ambiguous = others.size and others.max() >= cycles * (1 - tol)
+    return None if ambiguous else fix
+
+
 def _redesignate(rows: list[_Row], fixed: list[int | None], rho: Mapping[str, Mapping[int, float]],
                  n_res: int, tol: float) -> None:
     """Decide which resource each kernel's measured time is attributed to.
@@ -460,9 +467,7 @@ def _redesignate(rows: list[_Row], fixed: list[int | None], rho: Mapping[str, Ma
     for row, fix in zip(rows, fixed, strict=True):
         load = _predict(rho, n_res, row.kernel)
         if fix is not None:
-            others = np.delete(load, fix)
-            ambiguous = others.size and others.max() >= row.cycles * (1 - tol)
-            row.designated = None if ambiguous else fix
+            row.designated = _keep_fixed(load, fix, row.cycles, tol)
         else:
             top = int(np.argmax(load)) if n_res else 0
             row.designated = top if n_res and load[top] >= row.cycles * (1 - tol) else None
@@ -722,7 +727,7 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
             before = [row.designated for f in forms for row in per_form[f][0]]
             for f in forms:
                 rows, fixed = per_form[f]
-                _redesignate_form(f, rows, fixed, rho, n_res, singletons[f], cfg.tol)
+                _redesignate_form(f, rows, fixed, rho, n_res, cfg.tol)
             if before == [row.designated for f in forms for row in per_form[f][0]] \
                     and moved <= 1e-9:
                 break
@@ -765,14 +770,12 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
 
 
 def _redesignate_form(form: str, rows: list[_Row], fixed: list[int | None],
-                      rho: Mapping[str, Mapping[int, float]], n_res: int, t_form: float,
-                      tol: float) -> None:
+                      rho: Mapping[str, Mapping[int, float]], n_res: int, tol: float) -> None:
+    """As _redesignate, for one form's rows: only its singleton follows its bottleneck."""
     for row, fix in zip(rows, fixed, strict=True):
         load = _predict(rho, n_res, row.kernel)
         if fix is not None:
-            others = np.delete(load, fix)
-            amb = others.size and others.max() >= row.cycles * (1 - tol)
-            row.designated = None if amb else fix
+            row.designated = _keep_fixed(load, fix, row.cycles, tol)
         elif row.kernel == {form: 1} and n_res:
             row.designated = int(np.argmax(load))
 

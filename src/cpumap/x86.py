@@ -233,7 +233,7 @@ def describe_operands(code: int) -> list[list[tuple[str, str, int, str]]]:
     return out
 
 
-def _placeholder_args(ops: list[tuple[str, str, int, str]], vex_limited: bool) -> list:
+def _placeholder_args(ops: list[tuple[str, str, int, str]]) -> list:
     """Concrete, distinct operands used to instantiate a form for analysis."""
     counters: dict[str, int] = {}
     args: list = []
@@ -299,7 +299,7 @@ def analyse(code: int, mem: bool, ops: list[tuple[str, str, int, str]]) -> FormS
     oc = OpCodeInfo(code)
     encoding = ENCODING_NAMES[oc.encoding]
     vex_limited = encoding != "EVEX"
-    placeholders = _placeholder_args(ops, vex_limited)
+    placeholders = _placeholder_args(ops)
     args = _args_for(ops, placeholders)
     instr = create(code, args)
     info = InstructionInfoFactory().info(instr)
