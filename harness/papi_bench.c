@@ -37,10 +37,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpumap_clock.h"
+
 #define ABI_VERSION 1
 #define MAX_ARENA_BYTES (64u * 1024u)
 #define ARENA_PATTERN 0x3FF1111111111111ULL
-#define CALIB_UNROLL 1000 /* adds per iteration of the calibration loop (matches .rept below) */
 #define CALIB_RUNS 7
 #define CALIB_WARMUP_NS 20000000L /* spin this long first so the core leaves its idle clock */
 
@@ -55,50 +56,6 @@ struct sample { /* one repetition of one kernel */
     uint64_t ticks1, ticks2;
     long long cycles1, cycles2, insns1, insns2;
 };
-
-/* ---------------------------------------------------------------- timing primitives */
-
-/* lfence before rdtsc: earlier instructions have completed; lfence after: later ones wait. */
-static inline uint64_t tsc_begin(void)
-{
-    uint32_t lo, hi;
-    __asm__ volatile("lfence\n\trdtsc\n\tlfence" : "=a"(lo), "=d"(hi)::"memory");
-    return ((uint64_t)hi << 32) | lo;
-}
-
-/* rdtscp waits for all earlier instructions; lfence keeps later ones from starting first. */
-static inline uint64_t tsc_end(void)
-{
-    uint32_t lo, hi, aux;
-    __asm__ volatile("rdtscp\n\tlfence" : "=a"(lo), "=d"(hi), "=c"(aux)::"memory");
-    return ((uint64_t)hi << 32) | lo;
-}
-
-/* Ticks of `iters` x CALIB_UNROLL dependent `add %rdx, %rax`: one core cycle per add on every
- * x86 core, so adds / ticks = core cycles per TSC tick. dec/jnz run beside the chain for free. */
-static uint64_t calib_once(uint64_t iters)
-{
-    uint64_t acc = 0, one = 1, n = iters;
-    uint64_t t0 = tsc_begin();
-    __asm__ volatile("1:\n\t"
-                     ".rept 1000\n\t"
-                     "add %%rdx, %%rax\n\t"
-                     ".endr\n\t"
-                     "dec %%rcx\n\t"
-                     "jnz 1b"
-                     : "+c"(n), "+a"(acc)
-                     : "d"(one)
-                     : "cc");
-    uint64_t t1 = tsc_end();
-    return t1 - t0;
-}
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
 
 /* TSC ticks per nanosecond, measured over the first calibration's warm-up (for --max-call-us). */
 static double tsc_per_ns = 0.0;
@@ -147,38 +104,6 @@ static void calibrate_kernel(uint64_t index)
      * MXCSR right before the kernel; the supervisor computes adds / ticks */
     printf("kcalib\t%llu\t%llu\t%llu\n", (unsigned long long)index, (unsigned long long)best,
            (unsigned long long)(KCALIB_ITERS * CALIB_UNROLL));
-}
-
-/* ---------------------------------------------------------------- PAPI */
-
-static int papi_set = PAPI_NULL;
-
-/* Try to count PAPI_TOT_CYC + PAPI_TOT_INS; on failure say why on stderr and return 0. */
-static int papi_start(void)
-{
-    int rc = PAPI_library_init(PAPI_VER_CURRENT);
-    if (rc != PAPI_VER_CURRENT) {
-        fprintf(stderr, "papi_bench: PAPI_library_init failed (%d)\n", rc);
-        return 0;
-    }
-    const char *what = "PAPI_create_eventset";
-    if ((rc = PAPI_create_eventset(&papi_set)) != PAPI_OK)
-        goto fail;
-    what = "PAPI_add_event(PAPI_TOT_CYC)";
-    if ((rc = PAPI_add_event(papi_set, PAPI_TOT_CYC)) != PAPI_OK)
-        goto fail;
-    what = "PAPI_add_event(PAPI_TOT_INS)";
-    if ((rc = PAPI_add_event(papi_set, PAPI_TOT_INS)) != PAPI_OK)
-        goto fail;
-    what = "PAPI_start";
-    if ((rc = PAPI_start(papi_set)) != PAPI_OK)
-        goto fail;
-    return 1;
-fail:
-    fprintf(stderr, "papi_bench: %s: %s\n", what, PAPI_strerror(rc));
-    PAPI_shutdown();
-    papi_set = PAPI_NULL;
-    return 0;
 }
 
 /* ---------------------------------------------------------------- fault recovery */

@@ -26,18 +26,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HARNESS_SRC = Path(__file__).resolve().parents[2] / "harness" / "papi_bench.c"
+HARNESS_DIR = Path(__file__).resolve().parents[2] / "harness"
+HARNESS_SRC = HARNESS_DIR / "papi_bench.c"
+CLOCK_HEADER = HARNESS_DIR / "cpumap_clock.h"
 
 
-def _source_hash(path: Path) -> str:
-    """Short hash of the harness C source, so every measurement row names the code that made it."""
+def _source_hash(*paths: Path) -> str:
+    """Short hash of the harness C sources, so every measurement row names the code that made it."""
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        for path in paths:
+            digest.update(path.read_bytes())
     except OSError:
         return "unknown"
+    return digest.hexdigest()[:12]
 
 
-HARNESS_VERSION = _source_hash(HARNESS_SRC)
+HARNESS_VERSION = _source_hash(HARNESS_SRC, CLOCK_HEADER)
 
 CLOCKS = ("auto", "tsc", "papi")
 CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra")
@@ -110,14 +115,16 @@ def build_harness(out_dir: Path, *, source: Path = HARNESS_SRC, cc: str = "gcc")
     """
     out_dir = Path(out_dir)
     out = out_dir / "papi_bench"
-    if out.exists() and out.stat().st_mtime >= source.stat().st_mtime:
+    header = source.parent / CLOCK_HEADER.name
+    newest = max(source.stat().st_mtime, header.stat().st_mtime if header.exists() else 0.0)
+    if out.exists() and out.stat().st_mtime >= newest:
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=".papi_bench.", dir=out_dir)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        cmd = [cc, *CFLAGS, "-o", str(tmp), str(source), *LIBS]
+        cmd = [cc, *CFLAGS, "-I", str(source.parent), "-o", str(tmp), str(source), *LIBS]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise HarnessError(f"building {source} failed:\n{proc.stderr}")

@@ -17,6 +17,7 @@ rule machine:
 rule harness:
     input:
         source="harness/papi_bench.c",
+        clock="harness/cpumap_clock.h",
     output:
         bin=HARNESS_BIN,
     log:
