@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything cpumap needs; safe to run again (it only does what is missing).
-#   1. Debian packages: compilers, gdb, PAPI, valgrind (apt-get, as root or via sudo)
+#   1. Debian packages: compilers, gdb, PAPI, valgrind, llvm-19 (llvm-mca) (apt-get, as root or via sudo)
 #   2. .venv with cpumap installed editable, plus the dev tools (pytest, ruff)
 set -euo pipefail
 
@@ -8,7 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 # python3-venv: Debian's python3 cannot create a venv without it.
-APT_PACKAGES=(build-essential gcc binutils gdb libpapi-dev papi-tools valgrind python3-venv)
+APT_PACKAGES=(build-essential gcc binutils gdb libpapi-dev papi-tools valgrind python3-venv llvm-19)
 VENV="$ROOT/.venv"
 STAMP="$VENV/.cpumap-install.stamp"
 
