@@ -1,0 +1,178 @@
+/*
+ * driver.c -- main() of every real-kernel benchmark of the suite (see driver.h).
+ *
+ *   BIN [--n N] [--reps K] [--cold] [--cpu C]
+ *
+ * Sets up the kernel's data of problem size N (default: the kernel's L1-resident size), then
+ * K times: (--cold: evict the data caches) timestamp, kernel_<name>(...), timestamp.  Prints
+ * ONE JSON line on stdout:
+ *   {"kernel", "n", "reps", "clock": "papi"|"tsc-calibrated", "cycles_per_tick",
+ *    "ticks": [...], "cycles": [...], "bytes_footprint", "checksum"}
+ * With PAPI counters the cycles are counted (cycles_per_tick null); without (a KVM guest) they
+ * are TSC ticks times core cycles per tick, measured on a dependent add chain before and
+ * after the repetitions (cpumap_clock.h).  There is no warm-up call outside the K timed ones,
+ * so `--reps 1` calls the kernel exactly once (what gdb counting relies on); the caller keeps
+ * the minimum over repetitions.
+ *
+ * Exit codes: 0 ok, 2 bad arguments.
+ */
+#define _GNU_SOURCE
+#include <papi.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../harness/cpumap_clock.h"
+#include "driver.h"
+
+#define CALIB_ITERS 2000     /* x CALIB_UNROLL adds per calibration run (~0.5 ms) */
+#define CALIB_RUNS 7         /* the fastest run is kept */
+#define CALIB_WARMUP_NS 2e7  /* spin before calibrating so the core clock has ramped up */
+#define EVICT_BYTES (64u << 20) /* twice the L3 of the reference machine */
+
+void *drv_alloc(size_t bytes)
+{
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) {
+        fprintf(stderr, "driver: cannot allocate %zu bytes\n", rounded);
+        exit(2);
+    }
+    memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+double drv_value(uint64_t seed, uint64_t i)
+{
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xBF58476D1CE4E5B9ull);
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 29;
+    return (double)(x >> 11) / (double)(1ull << 52) - 1.0; /* [-1, 1) */
+}
+
+static double calibrate(void)
+{
+    double t_end = now_ns() + CALIB_WARMUP_NS;
+    while (now_ns() < t_end)
+        calib_once(CALIB_ITERS / 10);
+    uint64_t best = UINT64_MAX;
+    for (int r = 0; r < CALIB_RUNS; r++) {
+        uint64_t t = calib_once(CALIB_ITERS);
+        if (t < best)
+            best = t;
+    }
+    return (double)CALIB_ITERS * CALIB_UNROLL / (double)best;
+}
+
+static volatile uint64_t evict_sink;
+
+/* Read and write every line of a buffer twice the size of the last-level cache. */
+static void evict(void)
+{
+    static unsigned char *buf;
+    if (!buf)
+        buf = drv_alloc(EVICT_BYTES);
+    uint64_t s = 0;
+    for (size_t i = 0; i < EVICT_BYTES; i += 64) {
+        s += buf[i];
+        buf[i] = (unsigned char)s;
+    }
+    evict_sink = s;
+}
+
+static long parse_long(const char *opt, const char *v, long lo)
+{
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || x < lo) {
+        fprintf(stderr, "driver: %s needs an integer >= %ld, got '%s'\n", opt, lo, v);
+        exit(2);
+    }
+    return x;
+}
+
+static void usage(const char *prog)
+{
+    fprintf(stderr, "usage: %s [--n N] [--reps K] [--cold] [--cpu C]\n", prog);
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    long n = KERNEL_DESC.default_n, reps = 1, cpu = -1;
+    int cold = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--n") && i + 1 < argc)
+            n = parse_long("--n", argv[++i], 1);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = parse_long("--reps", argv[++i], 1);
+        else if (!strcmp(argv[i], "--cpu") && i + 1 < argc)
+            cpu = parse_long("--cpu", argv[++i], 0);
+        else if (!strcmp(argv[i], "--cold"))
+            cold = 1;
+        else
+            usage(argv[0]);
+    }
+    if (cpu >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET((int)cpu, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0) {
+            perror("driver: sched_setaffinity");
+            return 2;
+        }
+    }
+    size_t footprint = KERNEL_DESC.setup(n);
+    if (!footprint) {
+        fprintf(stderr, "driver: kernel %s does not accept --n %ld\n", KERNEL_DESC.name, n);
+        return 2;
+    }
+    uint64_t *ticks = drv_alloc((size_t)reps * sizeof *ticks);
+    long long *counted = drv_alloc((size_t)reps * sizeof *counted);
+    int papi = papi_start();
+    double ratio = papi ? 0.0 : calibrate();
+    for (long r = 0; r < reps; r++) {
+        if (cold)
+            evict();
+        long long c0[2] = {0, 0}, c1[2] = {0, 0};
+        if (papi)
+            PAPI_read(papi_set, c0);
+        uint64_t t0 = tsc_begin();
+        KERNEL_DESC.run();
+        uint64_t t1 = tsc_end();
+        if (papi)
+            PAPI_read(papi_set, c1);
+        ticks[r] = t1 - t0;
+        counted[r] = c1[0] - c0[0];
+    }
+    if (!papi)
+        ratio = (ratio + calibrate()) / 2.0;
+    double sum = KERNEL_DESC.checksum();
+    printf("{\"kernel\": \"%s\", \"n\": %ld, \"reps\": %ld, \"clock\": \"%s\", "
+           "\"cycles_per_tick\": ",
+           KERNEL_DESC.name, n, reps, papi ? "papi" : "tsc-calibrated");
+    if (papi)
+        printf("null");
+    else
+        printf("%.6f", ratio);
+    printf(", \"ticks\": [");
+    for (long r = 0; r < reps; r++)
+        printf("%s%llu", r ? ", " : "", (unsigned long long)ticks[r]);
+    printf("], \"cycles\": [");
+    for (long r = 0; r < reps; r++) {
+        if (papi)
+            printf("%s%lld", r ? ", " : "", counted[r]);
+        else
+            printf("%s%.1f", r ? ", " : "", (double)ticks[r] * ratio);
+    }
+    printf("], \"bytes_footprint\": %zu, \"checksum\": ", footprint);
+    if (sum == sum && sum - sum == 0.0)
+        printf("%.17g}\n", sum);
+    else
+        printf("null}\n");
+    return 0;
+}

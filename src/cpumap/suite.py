@@ -1,0 +1,168 @@
+"""The real-kernel suite: build each kernel with each flag set, run its driver.
+
+A benchmark is one kernel (kernels/<name>.c, measured function ``kernel_<name>``) compiled
+with one flag set into one binary, ``<kernel>.<flagset>`` (e.g. ``daxpy.O3-native``).  Every
+later step (block extraction, gdb counting, cycle measurement, analyzers) uses that one binary:
+recompiling cannot be assumed to give the same code.
+
+The kernel's translation unit gets exactly the flag set plus COMMON_FLAGS; the driver
+(kernels/driver.c: main, clock, JSON output) is always compiled with DRIVER_FLAGS, so the
+flag set changes only the kernel.  COMMON_FLAGS keep the kernel a self-contained function
+whose basic blocks a static splitter can find exactly: no library calls (gcc would otherwise
+turn loops into memset/memcpy), no jump tables (indirect jumps hide jump targets), no hot/cold
+splitting (a ``.cold`` part outside the symbol), no stack protector or CET landing pads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .io import write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS_DIR = ROOT / "kernels"
+DRIVER_SRC = KERNELS_DIR / "driver.c"
+CLOCK_HEADER = ROOT / "harness" / "cpumap_clock.h"
+
+FLAGSETS: dict[str, list[str]] = {
+    "O2": ["-O2"],
+    "O3-native": ["-O3", "-march=native"],
+    "O3-v3": ["-O3", "-march=x86-64-v3"],
+}
+COMMON_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-fno-builtin",
+                "-fno-tree-loop-distribute-patterns", "-fno-jump-tables",
+                "-fno-reorder-blocks-and-partition", "-fno-stack-protector",
+                "-fcf-protection=none"]
+DRIVER_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra"]
+LIBS = ["-lpapi"]
+BENCH_RE = re.compile(r"^(?P<kernel>[A-Za-z0-9_]+)\.(?P<flagset>[A-Za-z0-9_+-]+)$")
+
+
+class SuiteError(RuntimeError):
+    """A kernel could not be built or its driver failed or printed something unexpected."""
+
+
+def kernels() -> list[str]:
+    """Names of the kernels in kernels/ (every .c file but the driver), sorted."""
+    return sorted(p.stem for p in KERNELS_DIR.glob("*.c") if p.stem != "driver")
+
+
+def function_name(kernel: str) -> str:
+    return f"kernel_{kernel}"
+
+
+def split_benchmark(benchmark: str) -> tuple[str, str]:
+    """``daxpy.O3-native`` -> (``daxpy``, ``O3-native``); ValueError when malformed."""
+    m = BENCH_RE.match(benchmark)
+    if not m:
+        raise ValueError(f"benchmark id {benchmark!r} is not <kernel>.<flagset>")
+    return m["kernel"], m["flagset"]
+
+
+def compiler_version(cc: str = "gcc") -> str:
+    proc = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True)
+    return proc.stdout.splitlines()[0].strip()
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SuiteError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr.strip()}")
+    if proc.stderr.strip():  # warnings go to the log, they are not fatal
+        print(proc.stderr.strip())
+
+
+def build_benchmark(kernel: str, flagset: str, out: Path | str, *,
+                    flags: list[str] | None = None, common: list[str] | None = None,
+                    cc: str = "gcc") -> Path:
+    """Compile kernels/<kernel>.c with a flag set and link it with the driver into ``out``.
+
+    ``flags`` defaults to FLAGSETS[flagset], ``common`` to COMMON_FLAGS.  The binary is linked
+    under a temporary name and renamed; ``<out>.json`` records the compiler, the exact command
+    lines and the source hashes (``benchmark_meta``).  Returns ``out``.
+    """
+    src = KERNELS_DIR / f"{kernel}.c"
+    if not src.exists():
+        raise SuiteError(f"unknown kernel {kernel!r}: no {src}")
+    if flags is None:
+        if flagset not in FLAGSETS:
+            raise SuiteError(f"unknown flag set {flagset!r} (known: {', '.join(FLAGSETS)})")
+        flags = FLAGSETS[flagset]
+    common = COMMON_FLAGS if common is None else common
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        kobj, dobj, exe = Path(tmp) / "kernel.o", Path(tmp) / "driver.o", Path(tmp) / "a.out"
+        kcmd = [cc, *common, *flags, "-c", str(src), "-o", str(kobj)]
+        dcmd = [cc, *DRIVER_FLAGS, "-c", str(DRIVER_SRC), "-o", str(dobj)]
+        lcmd = [cc, str(kobj), str(dobj), "-o", str(exe), *LIBS]
+        for cmd in (kcmd, dcmd, lcmd):
+            _run(cmd)
+        os.replace(exe, out)
+    meta = {"benchmark": f"{kernel}.{flagset}", "kernel": kernel, "flagset": flagset,
+            "function": function_name(kernel), "flags": list(flags), "common_flags": common,
+            "compiler": compiler_version(cc), "commands": [kcmd, dcmd, lcmd],
+            "source_sha256": {p.name: _sha256(p) for p in (src, DRIVER_SRC,
+                                                          KERNELS_DIR / "driver.h",
+                                                          CLOCK_HEADER)}}
+    write_json_atomic(meta, out.parent / f"{out.name}.json")
+    return out
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def driver_args(n: int | None = None, reps: int = 1, cold: bool = False,
+                cpu: int | None = None) -> list[str]:
+    """The driver's command-line arguments (CONTRACTS "Driver CLI")."""
+    args: list[str] = []
+    if n is not None:
+        args += ["--n", str(int(n))]
+    args += ["--reps", str(int(reps))]
+    if cold:
+        args.append("--cold")
+    if cpu is not None:
+        args += ["--cpu", str(int(cpu))]
+    return args
+
+
+def parse_driver_output(stdout: str) -> dict[str, Any]:
+    """The driver's one JSON line, checked; adds ``cycles_min`` (the minimum over repetitions)."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    if len(lines) != 1:
+        raise SuiteError(f"driver printed {len(lines)} lines, expected one JSON line")
+    try:
+        out = json.loads(lines[0])
+    except json.JSONDecodeError as exc:
+        raise SuiteError(f"driver output is not JSON: {exc}: {lines[0][:200]}") from exc
+    for key in ("kernel", "n", "reps", "clock", "cycles_per_tick", "ticks", "cycles",
+                "bytes_footprint", "checksum"):
+        if key not in out:
+            raise SuiteError(f"driver output lacks {key!r}")
+    if len(out["cycles"]) != out["reps"] or not out["cycles"]:
+        raise SuiteError("driver output: cycles do not match reps")
+    out["cycles_min"] = float(min(out["cycles"]))
+    out["cycles_median"] = float(sorted(out["cycles"])[len(out["cycles"]) // 2])
+    return out
+
+
+def measure_kernel(binary: Path | str, n: int | None = None, reps: int = 10, cold: bool = False,
+                   cpu: int | None = None, timeout: float = 120.0) -> dict[str, Any]:
+    """Run a suite binary's driver once (K repetitions inside) and return its JSON + cycles_min."""
+    cmd = [str(binary), *driver_args(n, reps, cold, cpu)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise SuiteError(f"{binary} ran past {timeout} s") from exc
+    if proc.returncode != 0:
+        raise SuiteError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return parse_driver_output(proc.stdout)
