@@ -1,0 +1,76 @@
+"""Code analyzers evaluated on the basic blocks of real kernels (issue 4, DESIGN §9).
+
+Available here: ``model`` (our resource model), ``llvm-mca``, ``osaca`` and ``native`` (our own
+measurement of the block's multiset). Tools of the seed's harness that cannot run on this
+machine are listed in :data:`UNAVAILABLE` with the reason, so that the report names them.
+
+Every analyzer has ``name``, ``describe()`` and ``predict(blocks) -> {(benchmark, block_id):
+Result}``; :func:`predictions_frame` turns the answers into the predictions table.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .base import (
+    PREDICTION_COLUMNS,
+    BatchError,
+    BlockInput,
+    Result,
+    ToolResult,
+    block_inputs,
+    render_att,
+    run_batched,
+    run_tool,
+)
+from .internal import ModelAnalyzer, NativeAnalyzer
+from .llvm_mca import LlvmMca
+from .osaca import Osaca
+
+__all__ = [
+    "ANALYZERS",
+    "BatchError",
+    "BlockInput",
+    "LlvmMca",
+    "ModelAnalyzer",
+    "NativeAnalyzer",
+    "Osaca",
+    "PREDICTION_COLUMNS",
+    "Result",
+    "ToolResult",
+    "UNAVAILABLE",
+    "block_inputs",
+    "predictions_frame",
+    "render_att",
+    "run_batched",
+    "run_tool",
+]
+
+#: The analyzers this harness can run, in report order.
+ANALYZERS = ["model", "native", "llvm-mca", "osaca"]
+
+#: Analyzers of the seed's harness that are not run here, and why.
+UNAVAILABLE = {
+    "uiCA": "models Intel microarchitectures only (Sandy Bridge to Rocket/Alder Lake); this "
+            "host is AMD Zen 4",
+    "IACA": "Intel's discontinued analyzer: Intel microarchitectures only (up to Skylake), "
+            "closed-source binary that is no longer distributed",
+    "Ithemal": "learned model trained on BHive measurements of Intel CPUs (Ivy Bridge, "
+               "Haswell, Skylake); there is no Zen 4 model and no Zen 4 training data",
+    "BHive": "its profiler reads hardware performance counters (perf_event), and this KVM "
+             "guest exposes none (PAPI lists 0 events); the native analyzer plays its part",
+    "Gus": "QEMU-based dynamic analyzer from a PhD thesis, not publicly distributed",
+}
+
+
+def predictions_frame(analyzer: str, blocks: list[BlockInput],
+                      results: dict[tuple[str, int], Result]) -> pd.DataFrame:
+    """The predictions table (CONTRACTS columns) of one analyzer, one row per block."""
+    rows = []
+    for b in blocks:
+        r = results.get(b.key) or Result(status="failed", error="no result")
+        rows.append({"benchmark": b.benchmark, "block_id": b.block_id, "analyzer": analyzer,
+                     "cycles": float(r.cycles) if r.status == "ok" else float("nan"),
+                     "status": r.status, "error": r.error, "seconds": float(r.seconds)})
+    df = pd.DataFrame(rows, columns=PREDICTION_COLUMNS)
+    return df.astype({"block_id": "int64", "cycles": "float64", "seconds": "float64"})

@@ -1,0 +1,65 @@
+"""OSACA (static port-model analyzer, arch ZEN4: the closest it has to this Zen 4 host).
+
+Blocks go in batches to :mod:`cpumap.analyzers.osaca_worker` (one Python process loads OSACA's
+machine model once and analyses many blocks); the worker streams one result line per block, so
+a crash or a hang is blamed on the block in flight and the rest of the batch is run again.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .base import BatchError, BatchStats, BlockInput, Result, run_batched, run_tool
+
+NAME = "osaca"
+
+
+class Osaca:
+    name = NAME
+
+    def __init__(self, arch: str = "ZEN4", command: list[str] | None = None,
+                 timeout_s: float = 30.0, startup_s: float = 30.0, batch_size: int = 200):
+        self.arch = arch
+        self.command = command or [sys.executable, "-m", "cpumap.analyzers.osaca_worker"]
+        self.timeout_s, self.startup_s = float(timeout_s), float(startup_s)
+        self.batch_size = int(batch_size)
+        self.stats = BatchStats()
+
+    def describe(self) -> str:
+        try:
+            from osaca.osaca import get_version
+            version = get_version()
+        except Exception:  # noqa: BLE001 - the version is informative only
+            version = "?"
+        return (f"OSACA {version} --arch {self.arch} (AT&T); cycles = max(port pressure, "
+                "loop-carried dependency)")
+
+    def _call(self, blocks: list[BlockInput]) -> dict[tuple[str, int], Result]:
+        out = {b.key: Result(cycles=0.0) for b in blocks if not b.insns}
+        todo = [b for b in blocks if b.insns]
+        if not todo:
+            return out
+        payload = json.dumps([{"key": list(b.key), "insns": list(b.insns)} for b in todo])
+        res = run_tool([*self.command, "--arch", self.arch],
+                       self.startup_s + self.timeout_s * len(todo), stdin=payload)
+        for line in res.stdout.splitlines():
+            try:
+                item = json.loads(line)
+                key = (str(item["key"][0]), int(item["key"][1]))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
+                continue
+            if item.get("status") == "ok" and item.get("cycles") is not None:
+                out[key] = Result(cycles=float(item["cycles"]), seconds=float(item["seconds"]))
+            else:
+                out[key] = Result(status="failed", error=f"osaca: {item.get('error', '')}",
+                                  seconds=float(item.get("seconds", 0.0)))
+        missing = [b for b in todo if b.key not in out]
+        if missing:
+            # the worker stopped early: the first unanswered block was in flight
+            raise BatchError(f"osaca: {res.describe()}",
+                             {missing[0].key: f"osaca: {res.describe()}"}, out)
+        return out
+
+    def predict(self, blocks: list[BlockInput]) -> dict[tuple[str, int], Result]:
+        return run_batched(blocks, self._call, self.batch_size, self.stats)

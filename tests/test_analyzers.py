@@ -1,0 +1,184 @@
+"""Analyzers on blocks of a hand-written kernel, and the subprocess wrapper's failure handling."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from evaluate_fixtures import fixture_blocks
+
+from cpumap import analyzers as A
+from cpumap import resmodel
+
+
+@pytest.fixture(scope="module")
+def blocks(catalogue, tmp_path_factory) -> pd.DataFrame:
+    return fixture_blocks(catalogue, tmp_path_factory.mktemp("blocks"))
+
+
+@pytest.fixture(scope="module")
+def inputs(blocks) -> list[A.BlockInput]:
+    return A.block_inputs(blocks, drop_terminator=True)
+
+
+def test_inputs_are_rendered_from_bytes_without_terminator(blocks, inputs):
+    assert [list(b.insns) for b in inputs] == [
+        ["xor %eax, %eax", "vxorps %xmm0, %xmm0, %xmm0", "test %rsi, %rsi"],
+        ["vaddss (%rdi,%rax,4), %xmm0, %xmm0", "vmulss %xmm1, %xmm2, %xmm3", "add $1, %rax",
+         "cmp %rsi, %rax"],
+        [],
+        ["mov %rsi, %rcx", "rep stos %al, (%rdi)", "imul %rbx, %rdx"],
+    ]
+    assert [b.n_insns for b in inputs] == [4, 5, 1, 4]  # the terminator still counts
+    assert inputs[1].forms == ("VADDSS_XMM_XMM_M32", "VMULSS_XMM_XMM_XMM", "ADD_R64_I8",
+                               "CMP_R64_R64")
+    assert inputs[3].forms[1] == ""  # string instruction: not a catalogue form
+    kept = A.block_inputs(blocks, drop_terminator=False)
+    assert kept[1].insns[-1] == "jne 0xb" and kept[2].insns == ("ret",)
+
+
+def test_rip_relative_operands_stay_relative():
+    # vmovsd 0x1000(%rip), %xmm1 decoded at 0x401040
+    assert A.render_att(["c5fb100d00100000"], 0x401040) == ["vmovsd 0x1000(%rip), %xmm1"]
+    with pytest.raises(ValueError, match="not one instruction"):
+        A.render_att(["4883"], 0)
+
+
+def test_llvm_mca_steady_state_cycles(inputs):
+    mca = A.LlvmMca(cpu="znver4", iterations=100)
+    res = mca.predict(inputs)
+    # loop block: vaddss carries xmm0 from one iteration to the next (latency 3 on Zen 4)
+    assert res[("fix.O2", 1)].cycles == 3.0
+    assert res[("fix.O2", 0)].cycles == 0.5
+    assert res[("fix.O2", 2)].cycles == 0.0 and res[("fix.O2", 2)].status == "ok"  # empty
+    assert mca.stats.calls == 1 and mca.stats.failed_calls == 0
+
+
+def test_osaca_predicts_and_names_unknown_instructions(inputs):
+    res = A.Osaca(arch="ZEN4").predict(inputs)
+    assert res[("fix.O2", 1)].cycles == 3.0
+    # OSACA 0.7.1's ZEN4 data has no entry for xor r32, r32
+    assert res[("fix.O2", 0)].status == "failed"
+    assert "no ZEN4 throughput data for: xor %eax, %eax" in res[("fix.O2", 0)].error
+
+
+FAKE_MCA = textwrap.dedent("""\
+    import json, os, signal, sys, time
+    path = sys.argv[-1]
+    iters = int([a for a in sys.argv if a.startswith("-iterations=")][0].split("=")[1])
+    regions, cur = [], None
+    for n, line in enumerate(open(path).read().splitlines(), 1):
+        if line.startswith("# LLVM-MCA-BEGIN"):
+            cur = [line.split()[-1], []]
+        elif line.startswith("# LLVM-MCA-END"):
+            regions.append(cur)
+        else:
+            if "CRASH" in line:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if "HANG" in line:
+                time.sleep(60)
+            if "BAD" in line:
+                print(f"{path}:{n}:1: error: invalid instruction mnemonic 'BAD'",
+                      file=sys.stderr)
+                sys.exit(1)
+            cur[1].append(line)
+    out = [{"Name": name, "SummaryView": {"TotalCycles": 2 * iters * len(ins) + 7}}
+           for name, ins in regions]
+    print(json.dumps({"CodeRegions": out}))
+""")
+
+
+def _blocks(*bodies: list[str]) -> list[A.BlockInput]:
+    return [A.BlockInput("b.O2", i, tuple(body), ("",) * len(body), len(body) + 1)
+            for i, body in enumerate(bodies)]
+
+
+def test_crashing_hanging_and_rejected_blocks_fail_alone(tmp_path):
+    fake = tmp_path / "fake_mca.py"
+    fake.write_text(FAKE_MCA)
+    blocks = _blocks(["a", "b"], ["CRASH"], ["c"], ["HANG", "d"], ["e", "BAD"], ["f", "g", "h"])
+    mca = A.LlvmMca(command=[sys.executable, str(fake)], timeout_s=2.0, iterations=10)
+    res = mca.predict(blocks)
+    assert {k[1]: r.cycles for k, r in res.items() if r.status == "ok"} == {0: 4.0, 2: 2.0,
+                                                                            5: 6.0}
+    assert res[("b.O2", 1)].error.startswith("llvm-mca: crashed (SIGSEGV)")
+    assert res[("b.O2", 3)].error.startswith("llvm-mca: timed out after 2.")
+    assert res[("b.O2", 4)].error == "llvm-mca: invalid instruction mnemonic 'BAD'"
+    assert all(math.isnan(res[("b.O2", i)].cycles) for i in (1, 3, 4))
+
+
+FAKE_OSACA = textwrap.dedent("""\
+    import json, os, signal, sys, time
+    for item in json.load(sys.stdin):
+        if "CRASH" in item["insns"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if "HANG" in item["insns"]:
+            time.sleep(60)
+        print(json.dumps({"key": item["key"], "status": "ok",
+                          "cycles": float(len(item["insns"])), "error": "", "seconds": 0.0}),
+              flush=True)
+""")
+
+
+def test_osaca_worker_crash_and_hang_blame_the_block_in_flight(tmp_path):
+    fake = tmp_path / "fake_osaca.py"
+    fake.write_text(FAKE_OSACA)
+    blocks = _blocks(["a"], ["CRASH"], ["b", "c"], ["HANG"], ["d", "e", "f"])
+    osaca = A.Osaca(command=[sys.executable, str(fake)], timeout_s=0.5, startup_s=1.0)
+    res = osaca.predict(blocks)
+    assert {k[1]: r.cycles for k, r in res.items() if r.status == "ok"} == {0: 1.0, 2: 2.0,
+                                                                            4: 3.0}
+    assert res[("b.O2", 1)].error.startswith("osaca: crashed (SIGKILL)")
+    assert res[("b.O2", 3)].error.startswith("osaca: timed out after")
+
+
+def test_run_tool_reports_missing_program():
+    r = A.run_tool(["/nonexistent/llvm-mca"], 1.0)
+    assert r.status == "error" and "cannot start" in r.stderr
+
+
+def test_model_analyzer(inputs):
+    model = resmodel.ResourceModel(
+        resources=["ALU", "FP", "LD"],
+        rho={"XOR_R32_R32": {"ALU": 0.25}, "VXORPS_XMM_XMM_XMM": {"FP": 0.25},
+             "TEST_R64_R64": {"ALU": 0.25}, "VADDSS_XMM_XMM_M32": {"FP": 0.5, "LD": 0.5},
+             "VMULSS_XMM_XMM_XMM": {"FP": 0.5}, "ADD_R64_I8": {"ALU": 0.25}})
+    res = A.ModelAnalyzer(model).predict(inputs)
+    assert res[("fix.O2", 0)].cycles == 0.5
+    assert res[("fix.O2", 1)].error == "form(s) not in the model: CMP_R64_R64"
+    assert res[("fix.O2", 2)].cycles == 0.0
+    assert res[("odd.O2", 0)].error == "no catalogue form for: rep stos %al, (%rdi)"
+
+
+class FakeMeasurer:
+    """Answers like cpumap.backend.Measurer: cycles of each kernel, failed ones left out."""
+
+    def __init__(self, db_dir: Path):
+        self.db_dir, self.machine_id = db_dir, "fake"
+        self.calls: list[tuple[list[str], str]] = []
+
+    def measure(self, kernels, stage):
+        self.calls.append((list(kernels), stage))
+        return {k: 0.25 * len(k.split()) for k in kernels}
+
+
+def test_native_analyzer_measures_each_distinct_multiset_once(inputs, catalogue_df, tmp_path):
+    m = FakeMeasurer(tmp_path)
+    twice = [*inputs, A.BlockInput("fix.O3", 7, inputs[1].insns, inputs[1].forms, 5)]
+    res = A.NativeAnalyzer(m, catalogue_df).predict(twice)
+    assert len(m.calls) == 1 and len(m.calls[0][0]) == 2
+    assert res[("fix.O2", 1)].cycles == res[("fix.O3", 7)].cycles
+    assert res[("fix.O2", 2)].cycles == 0.0
+    assert res[("odd.O2", 0)].error == "no catalogue form for: rep stos %al, (%rdi)"
+
+
+def test_predictions_frame_columns(inputs):
+    res = {inputs[0].key: A.Result(cycles=1.5, seconds=0.1)}
+    df = A.predictions_frame("llvm-mca", inputs[:2], res)
+    assert list(df.columns) == A.PREDICTION_COLUMNS
+    assert df.status.tolist() == ["ok", "failed"]
+    assert df.cycles.iloc[0] == 1.5 and math.isnan(df.cycles.iloc[1])
