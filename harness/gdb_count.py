@@ -1,0 +1,136 @@
+"""gdb batch script: exact block occurrences for ONE invocation of a function.
+
+Run by cpumap.counting as
+
+    gdb -batch -nx -x harness/gdb_count.py --args BINARY ARGS...
+
+with the environment variable CPUMAP_GDB_SPEC naming a JSON file:
+
+    {"function": str, "entry": int (ELF address of the function),
+     "addresses": [int, ...] (ELF addresses of the blocks to count), "out": path}
+
+The program runs at full speed until the function's first instruction (a breakpoint there is
+the first measurement point).  There the counting breakpoints are set, each with an ignore
+count so large that gdb never stops on it but still increments its hit count (no Python call
+per hit), plus a breakpoint on the return address that stops only once the frame is gone
+($rsp above the entry $rsp: recursion-safe) -- the second measurement point.  The hit counts
+are written to ``out`` as JSON and the program is killed: later invocations are not counted.
+
+Addresses are ELF (link-time) addresses; the load bias of a position-independent executable is
+measured at the entry stop (run-time address of the symbol minus its ELF address).
+"""
+
+import json
+import os
+import time
+
+import gdb  # noqa: F401  (provided by gdb's embedded Python)
+
+IGNORE = 2**31 - 1
+
+
+def _write(out, obj):
+    tmp = f"{out}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle)
+    os.replace(tmp, out)
+
+
+class _Stops:
+    """The last stop event: a breakpoint, a signal, or the program's exit."""
+
+    def __init__(self):
+        self.signal = None
+        self.exit_code = None
+        gdb.events.stop.connect(self._on_stop)
+        gdb.events.exited.connect(self._on_exit)
+
+    def _on_stop(self, event):
+        if isinstance(event, gdb.SignalEvent):
+            self.signal = event.stop_signal
+
+    def _on_exit(self, event):
+        self.exit_code = getattr(event, "exit_code", None)
+
+
+class _Return(gdb.Breakpoint):
+    """Stops at the return address once the counted invocation's frame is popped."""
+
+    def __init__(self, spec, entry_sp):
+        super().__init__(spec, internal=True)
+        self.entry_sp = entry_sp
+        self.done = False
+
+    def stop(self):
+        if int(gdb.parse_and_eval("(unsigned long)$rsp")) > self.entry_sp:
+            self.done = True
+            return True
+        return False
+
+
+def _alive():
+    inf = gdb.selected_inferior()
+    return inf is not None and inf.pid != 0
+
+
+def main():
+    spec_path = os.environ["CPUMAP_GDB_SPEC"]
+    with open(spec_path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    out = spec["out"]
+    for cmd in ("set pagination off", "set confirm off", "set startup-with-shell off",
+                "set print thread-events off", "set print inferior-events off",
+                "set disable-randomization on"):
+        gdb.execute(cmd, to_string=True)
+    stops = _Stops()
+    t_start = time.perf_counter()
+    gdb.execute("starti", to_string=True)
+    func = spec["function"]
+    runtime = int(gdb.parse_and_eval(f"(unsigned long)&'{func}'"))
+    bias = runtime - int(spec["entry"])
+    entry_bp = gdb.Breakpoint(f"*{runtime:#x}", internal=True)
+    gdb.execute("continue", to_string=True)
+    pc = int(gdb.parse_and_eval("(unsigned long)$pc")) if _alive() else None
+    if pc != runtime:
+        why = (f"signal {stops.signal}" if stops.signal else
+               f"the program exited (code {stops.exit_code})")
+        _write(out, {"error": f"{func} was never called: {why}"})
+        return
+    t0 = time.perf_counter()
+    sp = int(gdb.parse_and_eval("(unsigned long)$rsp"))
+    ret = int.from_bytes(bytes(gdb.selected_inferior().read_memory(sp, 8)), "little")
+    counters = {}
+    for addr in spec["addresses"]:
+        a = int(addr)
+        bp = entry_bp if a == int(spec["entry"]) else gdb.Breakpoint(f"*{a + bias:#x}",
+                                                                     internal=True)
+        bp.ignore_count = IGNORE
+        counters[a] = bp
+    if int(spec["entry"]) not in counters:
+        entry_bp.delete()
+    ret_bp = _Return(f"*{ret:#x}", sp)
+    gdb.execute("continue", to_string=True)
+    t1 = time.perf_counter()
+    if not (ret_bp.done and _alive()):
+        why = (f"signal {stops.signal}" if stops.signal else
+               f"the program exited (code {stops.exit_code})")
+        _write(out, {"error": f"{func} did not return: {why}"})
+        return
+    counts = {str(a): int(bp.hit_count) for a, bp in counters.items()}
+    _write(out, {"counts": counts, "bias": bias, "region_seconds": t1 - t0,
+                 "startup_seconds": t0 - t_start, "hits": sum(counts.values())})
+    gdb.execute("kill", to_string=True)
+
+
+try:
+    main()
+except Exception as exc:  # report every failure through the result file, never silently
+    out = None
+    try:
+        with open(os.environ["CPUMAP_GDB_SPEC"], encoding="utf-8") as handle:
+            out = json.load(handle)["out"]
+    except Exception:
+        pass
+    if out:
+        _write(out, {"error": f"gdb script failed: {type(exc).__name__}: {exc}"})
+    raise

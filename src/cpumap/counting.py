@@ -1,0 +1,520 @@
+"""Exact basic-block occurrences of one function invocation, with gdb and flow conservation.
+
+gdb (harness/gdb_count.py) breaks on the function's entry, then counts hits of breakpoints on
+some blocks' first instructions until the invocation returns.  A breakpoint hit costs about
+0.2 ms (a trap, gdb's bookkeeping and a step over the breakpoint), so instead of breaking on
+every block we break only on the blocks whose counts flow conservation does not determine, and
+derive the others.
+
+Why the derived counts are exact.  Let x_e be the number of times control takes CFG edge e
+during the invocation (edges: fall-through, direct jump targets, call -> next instruction, a
+virtual edge ENTRY -> entry block and virtual edges exit blocks -> EXIT).  Because a block is
+entered only at its first instruction and, once entered, leaves through exactly one out-edge
+(cpumap.blocks), every block v satisfies  count(v) = sum of x over in-edges = sum over
+out-edges, and the invocation gives x(ENTRY -> entry) = 1 and sum of x into EXIT = 1.  These
+equations hold for every run; a measured count adds one more.  count(v) is determined by them
+exactly when its row (the in-edge indicator) lies in the row space of the equations' linear
+parts -- then it takes the same value on every solution, so solving the system with exact
+rational arithmetic gives its true value.  Which blocks to measure: the measured rows must
+complete the span, a linear matroid, so the greedy choice in order of increasing estimated
+frequency (static estimate: loops iterate 10 times, branches split evenly) gives the cheapest
+set for that estimate.  The solver also checks the measured counts are consistent with the
+equations and the derived ones non-negative integers, and fails loudly otherwise.
+
+Assumptions (true of the suite, checked where possible): the function's CFG is closed (no
+indirect jmp, no conditional jump out of it -- otherwise every block is measured), calls
+return normally (no longjmp/exit inside the counted invocation), the function is entered once
+(recursion is handled by the return breakpoint, but re-entries would also be counted).
+
+``all_blocks=True`` breaks on every block (the cross-check the tests run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .blocks import Block, BlockError, extract_blocks
+from .io import write_json_atomic, write_table_atomic
+
+GDB_SCRIPT = Path(__file__).resolve().parents[2] / "harness" / "gdb_count.py"
+DEFAULT_TIMEOUT_S = 300.0
+COUNTS_SCHEMA = pa.schema([
+    ("benchmark", pa.string()), ("block_id", pa.int64()), ("address", pa.int64()),
+    ("occurrences", pa.int64()), ("method", pa.string()),
+])
+
+
+class CountError(RuntimeError):
+    """gdb counting failed: the program hung, crashed, never called the function, or its
+    counts contradict flow conservation."""
+
+
+# ------------------------------------------------------------------ flow conservation
+
+@dataclass
+class FlowSystem:
+    """Edges and conservation equations of a function's CFG (module docstring)."""
+
+    n_blocks: int
+    edges: list[tuple[int, int]]  # (source, destination); ENTRY = -1, EXIT = -2
+    in_edges: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, blocks: Sequence[Block]) -> FlowSystem:
+        edges: list[tuple[int, int]] = [(-1, 0)]
+        for b in blocks:
+            edges += [(b.block_id, s) for s in b.successors]
+            if b.exits:
+                edges.append((b.block_id, -2))
+        sys_ = cls(len(blocks), edges)
+        sys_.in_edges = [[] for _ in blocks]
+        for k, (_, d) in enumerate(edges):
+            if d >= 0:
+                sys_.in_edges[d].append(k)
+        return sys_
+
+    def count_row(self, v: int) -> list[Fraction]:
+        row = [Fraction(0)] * len(self.edges)
+        for k in self.in_edges[v]:
+            row[k] = Fraction(1)
+        return row
+
+    def equations(self) -> list[tuple[list[Fraction], Fraction]]:
+        """(row, right-hand side) of every conservation equation."""
+        eqs = []
+        for v in range(self.n_blocks):
+            row = [Fraction(0)] * len(self.edges)
+            for k, (s, d) in enumerate(self.edges):
+                if d == v:
+                    row[k] += 1
+                if s == v:
+                    row[k] -= 1
+            eqs.append((row, Fraction(0)))
+        entry = [Fraction(0)] * len(self.edges)
+        entry[0] = Fraction(1)
+        eqs.append((entry, Fraction(1)))
+        exit_row = [Fraction(1 if d == -2 else 0) for _, d in self.edges]
+        if any(exit_row):
+            eqs.append((exit_row, Fraction(1)))
+        return eqs
+
+
+class _Span:
+    """Incrementally row-reduced set of rows (exact rationals): membership and insertion."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.rows: list[tuple[int, list[Fraction]]] = []  # (pivot column, row with pivot 1)
+
+    def reduce(self, row: list[Fraction]) -> list[Fraction]:
+        r = list(row)
+        for piv, base in self.rows:
+            if r[piv]:
+                f = r[piv]
+                r = [a - f * b for a, b in zip(r, base, strict=True)]
+        return r
+
+    def add(self, row: list[Fraction]) -> bool:
+        r = self.reduce(row)
+        piv = next((i for i, a in enumerate(r) if a), None)
+        if piv is None:
+            return False
+        f = r[piv]
+        self.rows.append((piv, [a / f for a in r]))
+        return True
+
+    def contains(self, row: list[Fraction]) -> bool:
+        return not any(self.reduce(row))
+
+
+def _dominators(blocks: Sequence[Block]) -> list[set[int]]:
+    n = len(blocks)
+    preds: list[list[int]] = [[] for _ in blocks]
+    for b in blocks:
+        for s in b.successors:
+            preds[s].append(b.block_id)
+    everything = set(range(n))
+    dom = [set(everything) for _ in blocks]
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for v in range(1, n):
+            ps = [dom[p] for p in preds[v]]
+            new = ({v} | set.intersection(*ps)) if ps else {v}
+            if new != dom[v]:
+                dom[v], changed = new, True
+    return dom
+
+
+def estimated_frequency(blocks: Sequence[Block]) -> np.ndarray:
+    """Static estimate of each block's executions per invocation (for choosing breakpoints).
+
+    Back edges (to a dominator) are taken with probability 0.9 (a loop iterates ~10 times),
+    other branches split evenly; frequencies solve f = e_entry + P^T f.
+    """
+    n = len(blocks)
+    if n == 0:
+        return np.zeros(0)
+    dom = _dominators(blocks)
+    P = np.zeros((n, n))
+    for b in blocks:
+        succ = b.successors
+        if not succ:
+            continue
+        back = [s for s in succ if s in dom[b.block_id]]
+        if back and len(back) < len(succ):
+            for s in succ:
+                P[b.block_id, s] = 0.9 / len(back) if s in back else 0.1 / (len(succ) - len(back))
+        else:
+            for s in succ:
+                P[b.block_id, s] = 1.0 / len(succ)
+    e = np.zeros(n)
+    e[0] = 1.0
+    try:
+        f = np.linalg.solve(np.eye(n) - 0.999 * P.T, e)
+    except np.linalg.LinAlgError:
+        f = np.ones(n)
+    return np.maximum(f, 0.0)
+
+
+def plan_breakpoints(blocks: Sequence[Block], all_blocks: bool = False) -> list[int]:
+    """Block ids to break on so that flow conservation determines every other block's count.
+
+    Every block when ``all_blocks`` or when the CFG is open (indirect or outgoing conditional
+    jumps); otherwise the greedy cheapest basis (module docstring).
+    """
+    if all_blocks or any(b.open_end for b in blocks):
+        return [b.block_id for b in blocks]
+    system = FlowSystem.of(blocks)
+    span = _Span(len(system.edges))
+    for row, _ in system.equations():
+        span.add(row)
+    freq = estimated_frequency(blocks)
+    measured = []
+    for v in sorted(range(len(blocks)), key=lambda v: (freq[v], v)):
+        row = system.count_row(v)
+        if not span.contains(row):
+            span.add(row)
+            measured.append(v)
+    return sorted(measured)
+
+
+def _solve(rows: list[list[Fraction]], rhs: list[Fraction], width: int) -> list[Fraction]:
+    """One exact solution of rows @ x = rhs; CountError when the system is inconsistent."""
+    m = [list(r) + [b] for r, b in zip(rows, rhs, strict=True)]
+    pivots: list[int] = []
+    r = 0
+    for c in range(width):
+        p = next((i for i in range(r, len(m)) if m[i][c]), None)
+        if p is None:
+            continue
+        m[r], m[p] = m[p], m[r]
+        f = m[r][c]
+        m[r] = [a / f for a in m[r]]
+        for i in range(len(m)):
+            if i != r and m[i][c]:
+                g = m[i][c]
+                m[i] = [a - g * b for a, b in zip(m[i], m[r], strict=True)]
+        pivots.append(c)
+        r += 1
+    for i in range(r, len(m)):
+        if m[i][width]:
+            raise CountError("measured counts contradict flow conservation (the CFG is "
+                             "incomplete or the invocation did not run from entry to return)")
+    x = [Fraction(0)] * width
+    for i, c in enumerate(pivots):
+        x[c] = m[i][width]
+    return x
+
+
+def derive_counts(blocks: Sequence[Block], measured: dict[int, int]) -> dict[int, int]:
+    """Every block's count from the measured ones (block id -> count), exactly."""
+    system = FlowSystem.of(blocks)
+    eqs = system.equations()
+    rows = [r for r, _ in eqs] + [system.count_row(v) for v in measured]
+    rhs = [b for _, b in eqs] + [Fraction(int(c)) for c in measured.values()]
+    span = _Span(len(system.edges))
+    for row in rows:
+        span.add(row)
+    x = _solve(rows, rhs, len(system.edges))
+    out: dict[int, int] = {}
+    for v in range(len(blocks)):
+        if v in measured:
+            out[v] = int(measured[v])
+            continue
+        row = system.count_row(v)
+        if not span.contains(row):
+            raise CountError(f"block {v} is not determined by the measured blocks")
+        val = sum((a * b for a, b in zip(row, x, strict=True)), Fraction(0))
+        if val.denominator != 1 or val < 0:
+            raise CountError(f"derived count of block {v} is {val}: the CFG is inconsistent")
+        out[v] = int(val)
+    return out
+
+
+# ------------------------------------------------------------------ running gdb
+
+@dataclass
+class CountResult:
+    """Occurrences of every block of one invocation, and what it cost."""
+
+    binary: str
+    function: str
+    args: list[str]
+    blocks: list[Block]
+    counts: dict[int, int]           # block id -> occurrences
+    method: dict[int, str]           # block id -> "breakpoint" | "derived"
+    hits: int                        # breakpoint hits taken
+    seconds: float                   # wall time of the gdb process
+    region_seconds: float            # entry -> return under gdb
+    plain_seconds: float | None = None  # wall time of a plain run of the same command
+
+    @property
+    def by_address(self) -> dict[int, int]:
+        return {self.blocks[v].address: c for v, c in self.counts.items()}
+
+    def meta(self) -> dict[str, Any]:
+        hits_per_s = self.hits / self.region_seconds if self.region_seconds > 0 else None
+        return {"binary": self.binary, "function": self.function, "args": self.args,
+                "n_blocks": len(self.blocks),
+                "breakpoints": sum(m == "breakpoint" for m in self.method.values()),
+                "derived": sum(m == "derived" for m in self.method.values()),
+                "breakpoint_hits": self.hits,
+                "occurrences_total": int(sum(self.counts.values())),
+                "seconds": self.seconds, "region_seconds": self.region_seconds,
+                "hits_per_second": hits_per_s, "plain_seconds": self.plain_seconds,
+                "slowdown": (self.seconds / self.plain_seconds
+                             if self.plain_seconds else None)}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[int],
+            args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
+            gdb: str = "gdb") -> dict[str, Any]:
+    """Hit counts (ELF address -> hits) of breakpoints on ``addresses`` for one invocation.
+
+    The arguments travel as an argument list (``--args``) and the rest as a JSON file named in
+    the environment: nothing goes through a shell.  gdb runs in its own session, killed with
+    its program when ``timeout`` passes.
+    """
+    binary = Path(binary)
+    with tempfile.TemporaryDirectory(prefix="cpumap-gdb-") as tmp:
+        spec = Path(tmp) / "spec.json"
+        out = Path(tmp) / "out.json"
+        spec.write_text(json.dumps({"function": function, "entry": int(entry),
+                                    "addresses": [int(a) for a in addresses],
+                                    "out": str(out)}))
+        cmd = [gdb, "-batch", "-nx", "-x", str(GDB_SCRIPT), "--args", str(binary.resolve()),
+               *map(str, args)]
+        env = dict(os.environ, CPUMAP_GDB_SPEC=str(spec))
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            raise CountError(f"counting {binary.name} ({function}) ran past {timeout:g} s "
+                             "and was killed") from None
+        finally:
+            _kill_group(proc)  # the program, should gdb have left it behind
+        seconds = time.perf_counter() - t0
+        if not out.exists():
+            tail = (stderr.decode(errors="replace") or stdout.decode(errors="replace"))[-2000:]
+            raise CountError(f"gdb gave no result for {binary.name} ({function}), exit "
+                             f"{proc.returncode}: {tail.strip()}")
+        res = json.loads(out.read_text())
+    if "error" in res:
+        raise CountError(f"{binary.name}: {res['error']}")
+    res["seconds"] = seconds
+    res["counts"] = {int(a): int(c) for a, c in res["counts"].items()}
+    return res
+
+
+def plain_run_seconds(binary: Path | str, args: Sequence[str] = (),
+                      timeout: float = DEFAULT_TIMEOUT_S) -> float:
+    """Wall time of the same command without gdb (for the slowdown)."""
+    t0 = time.perf_counter()
+    subprocess.run([str(binary), *map(str, args)], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=timeout,
+                   check=False)
+    return time.perf_counter() - t0
+
+
+def count(binary: Path | str, function: str, blocks: Sequence[Block] | None = None,
+          args: Sequence[str] = (), *, all_blocks: bool = False,
+          timeout: float = DEFAULT_TIMEOUT_S, plain: bool = True, catalogue=None,
+          gdb: str = "gdb") -> CountResult:
+    """Occurrences of every block of ``function`` for its first invocation by ``binary args``."""
+    if blocks is None:
+        blocks = extract_blocks(binary, function, catalogue)
+    blocks = list(blocks)
+    if not blocks:
+        raise BlockError(f"{function} has no blocks")
+    measured = plan_breakpoints(blocks, all_blocks)
+    res = run_gdb(binary, function, blocks[0].address, [blocks[v].address for v in measured],
+                  args, timeout, gdb)
+    hits = {v: res["counts"][blocks[v].address] for v in measured}
+    counts = derive_counts(blocks, hits)
+    method = {v: ("breakpoint" if v in hits else "derived") for v in counts}
+    plain_s = plain_run_seconds(binary, args, timeout) if plain else None
+    return CountResult(str(binary), function, [str(a) for a in args], blocks, counts, method,
+                       int(res["hits"]), float(res["seconds"]), float(res["region_seconds"]),
+                       plain_s)
+
+
+def count_blocks(binary: Path | str, function: str, blocks: Sequence[Block] | None = None,
+                 args: Sequence[str] = (), **kw: Any) -> dict[int, int]:
+    """CONTRACTS interface: block start address -> occurrences for one invocation."""
+    return count(binary, function, blocks, args, plain=False, **kw).by_address
+
+
+def count_many(jobs: Sequence[dict[str, Any]], processes: int = 2) -> list[CountResult | str]:
+    """Count several benchmarks at once (each job: keyword arguments of ``count``).
+
+    Each count is its own gdb process; ``processes`` run at a time.  A failed job yields its
+    error message instead of a result, so one hanging benchmark does not stop the others.
+    """
+    def one(job: dict[str, Any]) -> CountResult | str:
+        try:
+            return count(**job)
+        except (CountError, BlockError, OSError) as exc:
+            return f"{job.get('binary')}: {exc}"
+
+    with ThreadPoolExecutor(max_workers=max(1, processes)) as pool:
+        return list(pool.map(one, jobs))
+
+
+def counts_frame(result: CountResult, benchmark: str) -> pd.DataFrame:
+    rows = [{"benchmark": benchmark, "block_id": v, "address": result.blocks[v].address,
+             "occurrences": c, "method": result.method[v]}
+            for v, c in sorted(result.counts.items())]
+    return pd.DataFrame(rows, columns=COUNTS_SCHEMA.names)
+
+
+def write_counts(result: CountResult, benchmark: str, path: Path | str) -> Path:
+    """counts parquet + ``<path without .parquet>.json`` with the cost of counting."""
+    path = Path(path)
+    df = counts_frame(result, benchmark)
+    write_table_atomic(pa.Table.from_pandas(df, schema=COUNTS_SCHEMA, preserve_index=False),
+                       path)
+    meta = result.meta() | {"benchmark": benchmark}
+    write_json_atomic(meta, path.with_name(path.name.removesuffix(".parquet") + ".json"))
+    return path
+
+
+# ------------------------------------------------------------------ CLI
+
+def _options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    keep = {} if defaults else {"default": argparse.SUPPRESS}
+    p.add_argument("--function", help="function symbol to count (required)", **keep)
+    p.add_argument("--json", action="store_true", help="print JSON", **keep)
+    p.add_argument("--all-blocks", action="store_true", dest="all_blocks",
+                   help="break on every block (no flow-conservation derivation)", **keep)
+    p.add_argument("--timeout", type=float, help="seconds before the program is killed "
+                   f"(default {DEFAULT_TIMEOUT_S:g})", **keep)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``cpumap count-blocks [--json] BINARY --function NAME [-- ARGS...]``.
+
+    Everything after BINARY is parsed again in ``run``: options up to ``--``, program
+    arguments after it (argparse alone cannot take positionals after options and ``--``).
+    """
+    p = sub.add_parser("count-blocks", help="exact basic-block occurrences of one function "
+                       "invocation (gdb)",
+                       usage="cpumap count-blocks [--json] [--all-blocks] [--timeout S] "
+                             "BINARY --function NAME [-- ARGS...]")
+    _options(p, defaults=True)
+    p.add_argument("binary", type=Path)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(fn=run)
+    return p
+
+
+def _split_rest(args: argparse.Namespace) -> list[str]:
+    """Merge options given after BINARY into ``args``; return the program arguments."""
+    from .cli import UsageError
+
+    rest = list(args.rest)
+    prog: list[str] = []
+    if "--" in rest:
+        k = rest.index("--")
+        rest, prog = rest[:k], rest[k + 1:]
+    if rest:
+        p = argparse.ArgumentParser(prog="cpumap count-blocks", add_help=False,
+                                    exit_on_error=False)
+        _options(p, defaults=False)
+        try:
+            extra, unknown = p.parse_known_args(rest)
+        except argparse.ArgumentError as exc:
+            raise UsageError(str(exc)) from exc
+        if unknown:
+            raise UsageError(f"unknown arguments {' '.join(unknown)} (program arguments go "
+                             "after --)")
+        for key, val in vars(extra).items():
+            setattr(args, key, val)
+    if not args.function:
+        raise UsageError("count-blocks needs --function NAME")
+    return prog
+
+
+def run(args: argparse.Namespace, ctx: Any = None) -> int:
+    from .blocks import FunctionNotFound
+    from .cli import UsageError
+
+    prog_args = _split_rest(args)
+    timeout = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S
+    if not args.binary.is_file():
+        raise UsageError(f"no such binary: {args.binary}")
+    try:
+        blocks = extract_blocks(args.binary, args.function)
+    except FunctionNotFound as exc:
+        raise UsageError(str(exc)) from exc
+    except BlockError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        res = count(args.binary, args.function, blocks, prog_args,
+                    all_blocks=args.all_blocks, timeout=timeout)
+    except CountError as exc:
+        raise RuntimeError(str(exc)) from exc
+    rows = [{"block_id": v, "address": res.blocks[v].address,
+             "n_insns": res.blocks[v].n_insns, "occurrences": c, "method": res.method[v]}
+            for v, c in sorted(res.counts.items())]
+    if args.json:
+        print(json.dumps({"blocks": rows, **res.meta()}, indent=2))
+    else:
+        print(f"{'address':>18} {'insns':>5} {'occurrences':>12}  method")
+        for r in rows:
+            print(f"{r['address']:#18x} {r['n_insns']:5d} {r['occurrences']:12d}  {r['method']}")
+        m = res.meta()
+        print(f"# {m['breakpoints']} blocks counted by breakpoint, {m['derived']} derived; "
+              f"{m['breakpoint_hits']} hits in {m['region_seconds']:.3f} s; run {m['seconds']:.2f}"
+              f" s under gdb vs {m['plain_seconds']:.3f} s plain", file=sys.stderr)
+    return 0
