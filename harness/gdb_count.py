@@ -2,12 +2,18 @@
 
 Run by cpumap.counting as
 
-    gdb -batch -nx -x harness/gdb_count.py --args BINARY ARGS...
+    gdb -batch -nx -x harness/gdb_count.py BINARY
 
 with the environment variable CPUMAP_GDB_SPEC naming a JSON file:
 
-    {"function": str, "entry": int (ELF address of the function),
+    {"function": str, "entry": int (ELF address of the function), "args": [str, ...],
      "addresses": [int, ...] (ELF addresses of the blocks to count), "out": path}
+
+Program arguments: gdb 13 without a startup shell splits its argument string at whitespace
+and does no quoting, so arguments without whitespace are passed that way (no shell at all);
+when one holds whitespace or is empty, gdb starts the program through /bin/sh (SHELL is set by
+cpumap.counting) with every argument quoted by shlex.quote, which sh takes literally.  A
+newline cannot be passed (gdb commands are one line) and is refused.
 
 The program runs at full speed until the function's first instruction (a breakpoint there is
 the first measurement point).  There the counting breakpoints are set, each with an ignore
@@ -22,6 +28,7 @@ measured at the entry stop (run-time address of the symbol minus its ELF address
 
 import json
 import os
+import shlex
 import time
 
 import gdb  # noqa: F401  (provided by gdb's embedded Python)
@@ -78,10 +85,19 @@ def main():
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
     out = spec["out"]
-    for cmd in ("set pagination off", "set confirm off", "set startup-with-shell off",
-                "set print thread-events off", "set print inferior-events off",
-                "set disable-randomization on"):
+    for cmd in ("set pagination off", "set confirm off", "set print thread-events off",
+                "set print inferior-events off", "set disable-randomization on"):
         gdb.execute(cmd, to_string=True)
+    args = [str(a) for a in spec.get("args", [])]
+    if any("\n" in a or "\r" in a for a in args):
+        _write(out, {"error": "a program argument contains a newline, which gdb cannot pass"})
+        return
+    if any(not a or any(ch.isspace() for ch in a) for a in args):
+        gdb.execute("set startup-with-shell on", to_string=True)
+        gdb.execute("set args " + " ".join(shlex.quote(a) for a in args), to_string=True)
+    else:
+        gdb.execute("set startup-with-shell off", to_string=True)
+        gdb.execute("set args " + " ".join(args), to_string=True)
     stops = _Stops()
     t_start = time.perf_counter()
     gdb.execute("starti", to_string=True)

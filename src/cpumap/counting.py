@@ -318,9 +318,9 @@ def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[i
             gdb: str = "gdb") -> dict[str, Any]:
     """Hit counts (ELF address -> hits) of breakpoints on ``addresses`` for one invocation.
 
-    The arguments travel as an argument list (``--args``) and the rest as a JSON file named in
-    the environment: nothing goes through a shell.  gdb runs in its own session, killed with
-    its program when ``timeout`` passes.
+    The arguments travel in a JSON file named in the environment (harness/gdb_count.py says
+    how they reach the program: no shell, or sh with shlex quoting when one holds whitespace).
+    gdb runs in its own session, killed with its program when ``timeout`` passes.
     """
     binary = Path(binary)
     with tempfile.TemporaryDirectory(prefix="cpumap-gdb-") as tmp:
@@ -328,10 +328,9 @@ def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[i
         out = Path(tmp) / "out.json"
         spec.write_text(json.dumps({"function": function, "entry": int(entry),
                                     "addresses": [int(a) for a in addresses],
-                                    "out": str(out)}))
-        cmd = [gdb, "-batch", "-nx", "-x", str(GDB_SCRIPT), "--args", str(binary.resolve()),
-               *map(str, args)]
-        env = dict(os.environ, CPUMAP_GDB_SPEC=str(spec))
+                                    "args": [str(a) for a in args], "out": str(out)}))
+        cmd = [gdb, "-batch", "-nx", "-x", str(GDB_SCRIPT), str(binary.resolve())]
+        env = dict(os.environ, CPUMAP_GDB_SPEC=str(spec), SHELL="/bin/sh")
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)

@@ -166,3 +166,47 @@ def measure_kernel(binary: Path | str, n: int | None = None, reps: int = 10, col
     if proc.returncode != 0:
         raise SuiteError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return parse_driver_output(proc.stdout)
+
+
+def benchmark_function(benchmark: str, user: dict | None = None) -> str:
+    """The function evaluated in a benchmark: a user entry's, else ``kernel_<kernel>``."""
+    if user:
+        return str(user["function"])
+    return function_name(split_benchmark(benchmark)[0])
+
+
+def benchmark_args(benchmark: str, user: dict | None = None, n_map: dict | None = None,
+                   reps: int = 1) -> list[str]:
+    """Program arguments of one run: a user entry's own, else the driver's (``--n`` from
+    ``n_map`` when the kernel is listed there, and ``--reps``).  Counting uses reps=1, so the
+    counted invocation is the one a cycles run repeats."""
+    if user and not user.get("driver", False):
+        return [str(a) for a in user.get("args", [])]
+    if user:
+        return [str(a) for a in user.get("args", [])] + driver_args(reps=reps)
+    kernel = split_benchmark(benchmark)[0]
+    return driver_args((n_map or {}).get(kernel), reps)
+
+
+def cycles_record(benchmark: str, binary: Path | str, user: dict | None = None,
+                  n_map: dict | None = None, reps: int = 10,
+                  cpu: int | None = None) -> dict[str, Any]:
+    """Whole-kernel cycles of a benchmark (evaluate/cycles/<benchmark>.json).
+
+    ``available`` is false, with the reason, for a user binary without the driver: it has no
+    measurement points around the function.
+    """
+    if user and not user.get("driver", False):
+        return {"benchmark": benchmark, "available": False, "binary": str(binary),
+                "reason": "user binary without kernels/driver.c: no measurement points "
+                          "around the function, cycles not measured"}
+    args = benchmark_args(benchmark, user, n_map, reps)
+    if cpu is not None:
+        args += ["--cpu", str(int(cpu))]
+    cmd = [str(binary), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SuiteError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    out = parse_driver_output(proc.stdout)
+    return {"benchmark": benchmark, "available": True, "binary": str(binary), "args": args,
+            **out}

@@ -1,0 +1,99 @@
+"""The real-kernel suite: builds, driver CLI, closed CFGs, exact counts on real kernels."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from cpumap import blocks, counting, suite
+
+KERNELS = suite.kernels()
+
+
+def test_at_least_twelve_kernels_and_three_flagsets():
+    assert len(KERNELS) >= 12
+    assert {"O2", "O3-native", "O3-v3"} <= set(suite.FLAGSETS)
+    assert suite.split_benchmark("gemm_naive.O3-native") == ("gemm_naive", "O3-native")
+    with pytest.raises(ValueError):
+        suite.split_benchmark("nodot")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every kernel with every flag set (about 0.2 s each)."""
+    out = tmp_path_factory.mktemp("suite")
+    return {f"{k}.{f}": suite.build_benchmark(k, f, out / f"{k}.{f}")
+            for k in KERNELS for f in suite.FLAGSETS}
+
+
+def test_build_records_compiler_and_flags(built):
+    meta = json.loads((built["daxpy.O3-v3"].parent / "daxpy.O3-v3.json").read_text())
+    assert meta["flags"] == ["-O3", "-march=x86-64-v3"]
+    assert meta["compiler"].startswith("gcc")
+    assert meta["function"] == "kernel_daxpy"
+    assert "-fno-tree-loop-distribute-patterns" in meta["commands"][0]
+
+
+def test_driver_contract_and_identical_checksums(built):
+    for k in KERNELS:
+        sums = set()
+        for f in suite.FLAGSETS:
+            out = suite.measure_kernel(built[f"{k}.{f}"], reps=3)
+            assert out["kernel"] == k and out["reps"] == 3 and len(out["ticks"]) == 3
+            assert out["clock"] in ("papi", "tsc-calibrated")
+            assert (out["cycles_per_tick"] is None) == (out["clock"] == "papi")
+            assert 0 < out["bytes_footprint"] <= 32 * 1024, "default size is L1-resident"
+            assert out["cycles_min"] == min(out["cycles"]) > 0
+            sums.add(out["checksum"])
+        # no -ffast-math: every flag set computes the same numbers
+        assert len(sums) == 1, (k, sums)
+
+
+def test_driver_n_scales_and_bad_arguments_exit_2(built):
+    small = suite.measure_kernel(built["triad.O2"], n=100, reps=1)
+    big = suite.measure_kernel(built["triad.O2"], n=100_000, reps=1)
+    assert small["n"] == 100 and small["bytes_footprint"] == 3 * 8 * 100
+    assert big["bytes_footprint"] == 3 * 8 * 100_000
+    for bad in (["--n", "0"], ["--reps", "x"], ["--what"]):
+        proc = subprocess.run([str(built["triad.O2"]), *bad], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stdout == ""
+    cold = suite.measure_kernel(built["dot.O2"], reps=2, cold=True, cpu=0)
+    assert cold["reps"] == 2
+
+
+def test_kernels_are_single_closed_functions_without_calls(built):
+    for bench, exe in built.items():
+        k, _ = suite.split_benchmark(bench)
+        bl = blocks.extract_blocks(exe, suite.function_name(k))
+        assert not any(b.open_end for b in bl), bench
+        assert not any(b.terminator.startswith("call") for b in bl), bench
+        assert sum(b.exits for b in bl) >= 1
+
+
+@pytest.mark.parametrize("bench", ["daxpy.O2", "histogram.O2", "gemm_blocked.O3-native",
+                                   "cond_reduce.O3-v3"])
+def test_real_kernel_counts_derived_equal_full(built, bench):
+    k, _ = suite.split_benchmark(bench)
+    fn = suite.function_name(k)
+    bl = blocks.extract_blocks(built[bench], fn)
+    args = suite.benchmark_args(bench, n_map={k: 64} if k != "gemm_blocked" else {k: 8})
+    res = counting.count(built[bench], fn, bl, args, plain=False)
+    full = counting.count(built[bench], fn, bl, args, all_blocks=True, plain=False)
+    assert res.counts == full.counts
+    if bench == "daxpy.O2":  # scalar loop: the block with the multiply runs n times
+        body = [b for b in bl if any(i.startswith("mulsd") for i in b.insns)]
+        assert [res.counts[b.block_id] for b in body] == [64]
+
+
+def test_user_binary_without_driver(tmp_path):
+    from cfg_util import build
+
+    exe = build(tmp_path, ["nested.c"], ["-O2"], "nested")
+    user = {"name": "mine", "binary": str(exe), "function": "kernel_nested",
+            "args": ["3", "4"]}
+    assert suite.benchmark_function("mine", user) == "kernel_nested"
+    assert suite.benchmark_args("mine", user) == ["3", "4"]
+    rec = suite.cycles_record("mine", exe, user)
+    assert rec["available"] is False and "driver" in rec["reason"]

@@ -1,0 +1,103 @@
+# Real-kernel suite of the analyzer evaluation (issue 4): build each kernel with each flag
+# set, split it into basic blocks, count the blocks' occurrences in one invocation with gdb,
+# and measure the whole kernel's cycles. Paths and SUITE_BENCHMARKS are in common.smk.
+
+
+rule suite_build:
+    input:
+        src="kernels/{kernel}.c",
+        driver="kernels/driver.c",
+        header="kernels/driver.h",
+        clock="harness/cpumap_clock.h",
+    output:
+        bin=f"{RESULTS}/{{mid}}/suite/bin/{{kernel}}.{{flagset}}",
+        meta=f"{RESULTS}/{{mid}}/suite/bin/{{kernel}}.{{flagset}}.json",
+    log:
+        f"{LOGS}/suite/build-{{kernel}}.{{flagset}}.log",
+    wildcard_constraints:
+        kernel=r"[A-Za-z0-9_]+",
+        flagset=r"[A-Za-z0-9_+-]+",
+    params:
+        flags=lambda wildcards: config["suite"]["flagsets"][wildcards.flagset],
+        common=config["suite"]["common_flags"],
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/suite_build.py"
+
+
+rule suite_blocks:
+    input:
+        binary=suite_binary,
+        forms=FORMS,
+    output:
+        blocks=EVAL_BLOCKS,
+    log:
+        f"{LOGS}/suite/blocks-{{bench}}.log",
+    wildcard_constraints:
+        bench=r"[A-Za-z0-9][A-Za-z0-9._+-]*",
+    params:
+        user=lambda wildcards: SUITE_USER.get(wildcards.bench),
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/suite_blocks.py"
+
+
+rule suite_count:
+    input:
+        binary=suite_binary,
+        blocks=EVAL_BLOCKS,
+    output:
+        counts=EVAL_COUNTS,
+        meta=EVAL_COUNTS_META,
+    log:
+        f"{LOGS}/suite/count-{{bench}}.log",
+    wildcard_constraints:
+        bench=r"[A-Za-z0-9][A-Za-z0-9._+-]*",
+    params:
+        user=lambda wildcards: SUITE_USER.get(wildcards.bench),
+        n=config["suite"]["n"],
+        timeout=config["suite"]["count_timeout_s"],
+        all_blocks=config["suite"]["count_all_blocks"],
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/suite_count.py"
+
+
+rule suite_cycles:
+    input:
+        binary=suite_binary,
+    output:
+        cycles=EVAL_CYCLES,
+    log:
+        f"{LOGS}/suite/cycles-{{bench}}.log",
+    wildcard_constraints:
+        bench=r"[A-Za-z0-9][A-Za-z0-9._+-]*",
+    params:
+        user=lambda wildcards: SUITE_USER.get(wildcards.bench),
+        n=config["suite"]["n"],
+        reps=config["suite"]["reps"],
+        cpu=config["suite"]["cpu"],
+    threads: 1
+    resources:
+        # whole-kernel cycles are a measurement: one at a time (profiles/default)
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/suite_cycles.py"
+
+
+localrules:
+    suite_all,
+
+
+rule suite_all:
+    # Every suite output for this machine: `snakemake suite_all`; rule all can take
+    # rules.suite_all.input.
+    input:
+        blocks=expand(EVAL_BLOCKS, mid=MACHINE_ID, bench=SUITE_BENCHMARKS),
+        counts=expand(EVAL_COUNTS, mid=MACHINE_ID, bench=SUITE_BENCHMARKS),
+        cycles=expand(EVAL_CYCLES, mid=MACHINE_ID, bench=SUITE_BENCHMARKS),

@@ -1,0 +1,24 @@
+"""Rule suite_cycles: whole-kernel cycles, repeated, the minimum kept (cpumap.suite)."""
+
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+from cpumap.io import write_json_atomic  # noqa: E402
+from cpumap.suite import cycles_record  # noqa: E402
+
+bench = snakemake.wildcards.bench
+rec = cycles_record(bench, snakemake.input.binary, snakemake.params.user,
+                    dict(snakemake.params.n), int(snakemake.params.reps), snakemake.params.cpu)
+write_json_atomic(rec, snakemake.output.cycles)
+if rec["available"]:
+    print(f"{bench}: min {rec['cycles_min']:.0f} cycles over {rec['reps']} calls "
+          f"(clock {rec['clock']}, n {rec['n']})")
+else:
+    print(f"{bench}: {rec['reason']}")
