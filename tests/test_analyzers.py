@@ -64,6 +64,10 @@ def test_osaca_predicts_and_names_unknown_instructions(inputs):
     # OSACA 0.7.1's ZEN4 data has no entry for xor r32, r32
     assert res[("fix.O2", 0)].status == "failed"
     assert "no ZEN4 throughput data for: xor %eax, %eax" in res[("fix.O2", 0)].error
+    lax = A.Osaca(arch="ZEN4", ignore_unknown=True).predict(inputs[:1])
+    # --ignore-unknown: xor costs nothing; vxorps and test go to different ports
+    assert lax[("fix.O2", 0)].cycles == 0.25
+    assert lax[("fix.O2", 0)].error == "ignored (no ZEN4 data): xor %eax, %eax"
 
 
 FAKE_MCA = textwrap.dedent("""\

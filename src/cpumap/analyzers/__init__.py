@@ -11,6 +11,7 @@ Result}``; :func:`predictions_frame` turns the answers into the predictions tabl
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 
 from .base import (
     PREDICTION_COLUMNS,
@@ -36,6 +37,7 @@ __all__ = [
     "NativeAnalyzer",
     "Osaca",
     "PREDICTION_COLUMNS",
+    "PREDICTION_SCHEMA",
     "Result",
     "ToolResult",
     "UNAVAILABLE",
@@ -45,6 +47,13 @@ __all__ = [
     "run_batched",
     "run_tool",
 ]
+
+#: Arrow schema of the predictions tables (types fixed, also for empty tables).
+PREDICTION_SCHEMA = pa.schema([
+    ("benchmark", pa.string()), ("block_id", pa.int64()), ("analyzer", pa.string()),
+    ("cycles", pa.float64()), ("status", pa.string()), ("error", pa.string()),
+    ("seconds", pa.float64()),
+])
 
 #: The analyzers this harness can run, in report order.
 ANALYZERS = ["model", "native", "llvm-mca", "osaca"]

@@ -1,0 +1,79 @@
+"""Rules eval_predict_*: one analyzer's prediction of every block of the suite.
+
+Writes predictions/<analyzer>/<benchmark>.parquet (one row per block, failures with their
+error) and predictions/<analyzer>.json (what ran, how long, how many blocks failed).
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+import pandas as pd  # noqa: E402
+
+from cpumap import analyzers as A  # noqa: E402
+from cpumap import io, resmodel  # noqa: E402
+
+name = snakemake.wildcards.analyzer
+cfg = snakemake.params.evaluate
+tables = [io.read_parquet_checked(p) for p in snakemake.input.blocks]
+blocks = A.block_inputs(pd.concat(tables, ignore_index=True), cfg["drop_terminator"])
+print(f"{name}: {len(blocks)} blocks of {len(tables)} benchmarks", flush=True)
+
+if name == "llvm-mca":
+    m = cfg["llvm_mca"]
+    analyzer = A.LlvmMca(m["command"], m["cpu"], m["iterations"], m["timeout_s"],
+                         m["batch_size"])
+elif name == "osaca":
+    o = cfg["osaca"]
+    analyzer = A.Osaca(o["arch"], timeout_s=o["timeout_s"], batch_size=o["batch_size"],
+                       ignore_unknown=o["ignore_unknown"])
+elif name == "model":
+    analyzer = A.ModelAnalyzer(resmodel.load(snakemake.input.model))
+elif name == "native":
+    from cpumap.backend import Measurer
+    from cpumap.simulate import SimulatedMachine
+
+    with open(snakemake.input.machine, encoding="utf-8") as handle:
+        machine = json.load(handle)
+    forms = io.read_parquet_checked(snakemake.input.forms)
+    backend = snakemake.params.machine
+    sim = None
+    if backend["backend"] == "simulated":
+        sim = SimulatedMachine(backend["mapping"], backend["noise"], backend["seed"])
+    measurer = Measurer(machine, forms, snakemake.params.bench,
+                        Path(snakemake.input.forms).parents[1] / "db",
+                        Path(snakemake.params.workdir), harness_bin=Path(snakemake.input.harness),
+                        sim=sim, log=lambda message: print(message, flush=True))
+    analyzer = A.NativeAnalyzer(measurer, forms)
+else:
+    raise ValueError(f"unknown analyzer {name!r}")
+
+t0 = time.monotonic()
+results = analyzer.predict(blocks)
+seconds = time.monotonic() - t0
+df = A.predictions_frame(name, blocks, results)
+for path in snakemake.output.predictions:
+    bench = Path(path).name.removesuffix(".parquet")
+    io.write_parquet_atomic(df[df.benchmark == bench].reset_index(drop=True), path,
+                            A.PREDICTION_SCHEMA)
+failed = df[df.status != "ok"]
+noted = df[(df.status == "ok") & (df.error != "")]
+meta = {"analyzer": name, "description": analyzer.describe(), "blocks": int(len(df)),
+        "failed_blocks": int(len(failed)), "seconds": seconds,
+        "drop_terminator": bool(cfg["drop_terminator"]),
+        "errors": failed.error.value_counts().head(20).to_dict(),
+        "ok_with_notes": int(len(noted)),
+        "notes": noted.error.value_counts().head(20).to_dict()}
+if hasattr(analyzer, "stats"):
+    meta["calls"] = analyzer.stats.calls
+    meta["failed_calls"] = analyzer.stats.failed_calls
+io.write_json_atomic(meta, snakemake.output.meta)
+print(json.dumps({k: v for k, v in meta.items() if k != "errors"}))

@@ -1,0 +1,21 @@
+"""Rule eval_suite_forms: the distinct measurable catalogue forms of all suite blocks.
+
+The model stage reads this list so that the model covers the forms real code uses.
+"""
+
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+from cpumap import blocks, io, isa  # noqa: E402
+
+catalogue = isa.Catalogue.load(Path(snakemake.input.forms))
+forms = blocks.suite_forms(list(snakemake.input.blocks), catalogue)
+io.write_text_atomic("".join(f"{f}\n" for f in forms), snakemake.output.forms)
+print(f"{len(forms)} distinct measurable forms in {len(snakemake.input.blocks)} blocks tables")
