@@ -64,18 +64,30 @@ def simulated_rows(kernels: list[str], sim: SimulatedMachine, machine_id: str, b
     return db.conform(pd.DataFrame(rows))
 
 
+class MeasuringDisabledError(RuntimeError):
+    """Measuring is off (config ``measure: false``) and the database lacks some kernels."""
+
+
 class Measurer:
-    """Cycles per instance of kernels for one machine, from the DB or measured now."""
+    """Cycles per instance of kernels for one machine, from the DB or measured now.
+
+    With ``measure=False`` nothing is ever measured: a kernel with no row at all in the
+    database raises MeasuringDisabledError naming it (a kernel whose rows all failed is left
+    out, as it was when it was measured), so a re-derivation from archived rows cannot
+    quietly turn into a new measuring campaign.
+    """
 
     def __init__(self, machine: dict, forms: pd.DataFrame, bench: Mapping, db_dir: Path,
                  workdir: Path, *, harness_bin: Path | None = None,
                  sim: SimulatedMachine | None = None, log: Callable[[str], None] | None = None,
-                 remeasure: bool = False):
+                 remeasure: bool = False, measure: bool = True):
         self.machine, self.forms, self.bench = machine, forms, dict(bench)
         self.db_dir, self.workdir = Path(db_dir), Path(workdir)
         self.harness_bin, self.sim = harness_bin, sim
         self.log = log or (lambda _m: None)
         self.remeasure = remeasure
+        self.allow_measure = measure
+        self._tried: set[str] = set()
         self.machine_id = machine["machine_id"]
         self.params_id, self.version = measurement_key(self.bench, sim is not None)
         self._known: dict[str, float] | None = None
@@ -88,7 +100,8 @@ class Measurer:
             rows = rows[(rows.params_id == self.params_id)
                         & (rows.harness_version == self.version)]
             agg = db.aggregate(rows)
-            self._known = {} if self.remeasure else dict(
+            self._tried = set(rows.kernel.astype(str))
+            self._known = {} if self.remeasure and self.allow_measure else dict(
                 zip(agg.kernel, agg.cycles_per_instance_median.astype(float), strict=True))
         return self._known
 
@@ -98,6 +111,15 @@ class Measurer:
                                    for k in kernels))
         known = self.known()
         todo = [k for k in canon if k not in known]
+        if not self.allow_measure:
+            missing = [k for k in todo if k not in self._tried]
+            if missing:
+                raise MeasuringDisabledError(
+                    f"{stage}: measuring is off (measure: false) and the database "
+                    f"{self.db_dir} has no rows for {len(missing)} kernel(s) of "
+                    f"{self.machine_id}: {', '.join(missing[:20])}"
+                    + (" ..." if len(missing) > 20 else ""))
+            todo = []
         if todo:
             digest = hashlib.sha256("\n".join(todo).encode()).hexdigest()[:8]
             batch_id = f"{stage}-{digest}"

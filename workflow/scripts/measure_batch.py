@@ -37,11 +37,22 @@ workdir.mkdir(parents=True)
 bench = dict(snakemake.params.bench)
 backend = snakemake.params.machine
 simulated = backend["backend"] == "simulated"
+# `measure: false` (re-deriving from restored or merged rows) never measures: the batch's
+# kernels must all be in the database already; read from the config, not from params, so
+# that switching it does not rerun (and so delete) stored parts.
+measuring = bool(snakemake.config.get("measure", True))
 skip = set()
-if not bench.get("remeasure", False):
+if not bench.get("remeasure", False) or not measuring:
     skip = db.measured_keys(
         Path(snakemake.output.part).parent, machine["machine_id"],
         *measurement_key(bench, simulated))
+if not measuring:
+    missing = [k for k in kernels if kernel_id(canonical(parse_canonical(k))) not in skip]
+    if missing:
+        raise SystemExit(
+            f"measuring is off (measure: false) and the database has no ok rows for "
+            f"{len(missing)} kernel(s) of batch {snakemake.params.batch_id}: "
+            f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
 if simulated:
     sim = SimulatedMachine(backend["mapping"], backend["noise"], backend["seed"])
     todo = [k for k in kernels if kernel_id(canonical(parse_canonical(k))) not in skip]
