@@ -1,6 +1,7 @@
 # Real-kernel suite of the analyzer evaluation (issue 4): build each kernel with each flag
-# set, split it into basic blocks, count the blocks' occurrences in one invocation with gdb,
-# and measure the whole kernel's cycles. Paths and SUITE_BENCHMARKS are in common.smk.
+# set (suite_build), split it into basic blocks and count the blocks' occurrences in one
+# invocation with gdb (suite_count), and measure the whole kernel's cycles (suite_cycles).
+# Paths and SUITE_BENCHMARKS are in common.smk.
 
 
 rule suite_build:
@@ -26,29 +27,14 @@ rule suite_build:
         "../scripts/suite_build.py"
 
 
-rule suite_blocks:
+rule suite_count:
+    # blocks and counts in one job: the counting needs the blocks, and one job per benchmark
+    # instead of two halves the per-job start-up cost (~1 s of Python imports each)
     input:
         binary=suite_binary,
         forms=FORMS,
     output:
         blocks=EVAL_BLOCKS,
-    log:
-        f"{LOGS}/suite/blocks-{{bench}}.log",
-    wildcard_constraints:
-        bench=r"[A-Za-z0-9][A-Za-z0-9._+-]*",
-    params:
-        user=lambda wildcards: SUITE_USER.get(wildcards.bench),
-    conda:
-        "../../envs/cpumap.yaml"
-    script:
-        "../scripts/suite_blocks.py"
-
-
-rule suite_count:
-    input:
-        binary=suite_binary,
-        blocks=EVAL_BLOCKS,
-    output:
         counts=EVAL_COUNTS,
         meta=EVAL_COUNTS_META,
     log:

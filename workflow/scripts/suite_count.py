@@ -1,4 +1,5 @@
-"""Rule suite_count: exact block occurrences of one kernel invocation (gdb + flow conservation)."""
+"""Rule suite_count: the benchmark's basic blocks, then their exact occurrences in one kernel
+invocation (gdb + flow conservation)."""
 
 import sys
 from pathlib import Path
@@ -10,16 +11,21 @@ from cpumap.io import redirect_output  # noqa: E402
 
 redirect_output(snakemake.log[0])
 
-from cpumap.blocks import blocks_from_frame  # noqa: E402
+from cpumap.blocks import extract_blocks, write_blocks  # noqa: E402
 from cpumap.counting import count, write_counts  # noqa: E402
-from cpumap.io import read_parquet_checked  # noqa: E402
+from cpumap.isa import Catalogue  # noqa: E402
 from cpumap.suite import benchmark_args, benchmark_function  # noqa: E402
 
 bench = snakemake.wildcards.bench
 user = snakemake.params.user
-blocks = blocks_from_frame(read_parquet_checked(snakemake.input.blocks))
+function = benchmark_function(bench, user)
+blocks = extract_blocks(snakemake.input.binary, function, Catalogue.load(snakemake.input.forms))
+write_blocks(blocks, bench, function, snakemake.output.blocks)
+no_form = sum(f == "" for b in blocks for f in b.forms)
+print(f"{bench}: {function} has {len(blocks)} blocks, {sum(b.n_insns for b in blocks)} "
+      f"instructions, {no_form} without a catalogue form")
 args = benchmark_args(bench, user, dict(snakemake.params.n), reps=1)
-result = count(snakemake.input.binary, benchmark_function(bench, user), blocks, args,
+result = count(snakemake.input.binary, function, blocks, args,
                all_blocks=bool(snakemake.params.all_blocks),
                timeout=float(snakemake.params.timeout))
 write_counts(result, bench, snakemake.output.counts)
