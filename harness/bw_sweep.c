@@ -18,7 +18,8 @@
  * touched by the thread that uses them.
  *
  * Usage: bw_sweep --kinds read,write,copy,triad,ntwrite --sizes 16384,1048576,...
- *                 --cpus 0,1 --reps K --min-ms M
+ *                 --cpus 0,1 --reps K --min-ms M [--quiet-reps Q --max-reps R]
+ * (at least K repetitions per point; more, up to R, until Q of them ran undisturbed)
  * Output: one JSON line per (kind, size) on stdout, then a final {"done": ...} line.
  * Exit codes: 0 ok, 2 bad arguments, 1 allocation or thread failure.
  */
@@ -237,7 +238,7 @@ static double calibrate(void)
 int main(int argc, char **argv)
 {
     long sizes[MAX_SIZES], cpus[MAX_THREADS];
-    int nsizes = 0, ncpus = 0, reps = 3;
+    int nsizes = 0, ncpus = 0, reps = 3, quiet_reps = 0, max_reps = 64;
     double min_ms = 20.0;
     int kinds[K_COUNT], nkinds = 0;
     (void)papi_start; /* the shared header's PAPI helper is not needed for bandwidth */
@@ -252,6 +253,10 @@ int main(int argc, char **argv)
             ncpus = parse_list(val, cpus, MAX_THREADS);
         } else if (!strcmp(opt, "--reps")) {
             reps = atoi(val);
+        } else if (!strcmp(opt, "--quiet-reps")) {
+            quiet_reps = atoi(val);
+        } else if (!strcmp(opt, "--max-reps")) {
+            max_reps = atoi(val);
         } else if (!strcmp(opt, "--min-ms")) {
             min_ms = atof(val);
         } else if (!strcmp(opt, "--kinds")) {
@@ -269,7 +274,9 @@ int main(int argc, char **argv)
             goto usage;
         }
     }
-    if (nsizes <= 0 || ncpus <= 0 || nkinds <= 0 || reps < 1 || min_ms <= 0)
+    if (max_reps > 64)
+        max_reps = 64;
+    if (nsizes <= 0 || ncpus <= 0 || nkinds <= 0 || reps < 1 || min_ms <= 0 || max_reps < reps)
         goto usage;
     for (int i = 0; i < nsizes; i++)
         if (sizes[i] < CHUNK * 3)
@@ -337,8 +344,10 @@ int main(int argc, char **argv)
             double ns[64];
             uint64_t span[64];
             long sw[64];
-            int nr = reps < 64 ? reps : 64;
-            for (int r = 0; r < nr; r++) {
+            /* at least `reps` repetitions, more (up to max_reps) until `quiet_reps` of them ran
+             * without a context switch of any measuring thread */
+            int nr = 0, quiet = 0;
+            for (int r = 0; r < max_reps && (r < reps || quiet < quiet_reps); r++, nr++) {
                 pthread_barrier_wait(&sh.start);
                 uint64_t t0 = tsc_begin();
                 double n0 = now_ns();
@@ -346,6 +355,7 @@ int main(int argc, char **argv)
                 span[r] = tsc_end() - t0;
                 ns[r] = now_ns() - n0;
                 sw[r] = max_switches(ws, ncpus);
+                quiet += sw[r] == 0;
                 /* the slowest thread's own span: barrier wake-ups are not in it */
                 printf("%s%llu", r ? ", " : "", (unsigned long long)max_ticks(ws, ncpus));
             }
@@ -384,7 +394,8 @@ int main(int argc, char **argv)
     return 0;
 usage:
     fprintf(stderr, "usage: bw_sweep --kinds read,write,copy,triad,ntwrite --sizes B1,B2,... "
-                    "--cpus C1,C2,... [--reps K] [--min-ms M]  (sizes >= %d bytes)\n",
+                    "--cpus C1,C2,... [--reps K] [--min-ms M] [--quiet-reps Q] [--max-reps R]"
+                    "  (sizes >= %d bytes)\n",
             CHUNK * 3);
     return 2;
 }

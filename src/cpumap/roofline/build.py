@@ -26,7 +26,8 @@ DEFAULTS: dict = {
     "cpus": None,
     "compute_bench": {"num_measures": 10, "rounds": 5},
     "sweep": {"kinds": list(sweep.KINDS), "per_level": 3, "per_octave": 0, "max_factor": 8.0,
-              "reps": 3, "rounds": 3, "min_ms": 5.0, "min_step": 0.08},
+              "reps": 3, "rounds": 2, "min_ms": 5.0, "quiet_reps": 2, "max_reps": 12,
+              "min_step": 0.08},
 }
 
 
@@ -111,6 +112,7 @@ def run_sweep(binary: Path, machine: Mapping, cfg: Mapping,
     sc = cfg["sweep"]
     df = sweep.sweep_frame(binary, sc["kinds"], sizes, scopes, reps=int(sc["reps"]),
                            rounds=int(sc["rounds"]), min_ms=float(sc["min_ms"]),
+                           quiet_reps=int(sc["quiet_reps"]), max_reps=int(sc["max_reps"]),
                            progress=progress)
     df["machine_id"] = machine["machine_id"]
     df["timestamp"] = pd.Timestamp(datetime.now(UTC)).floor("us")
@@ -197,3 +199,39 @@ def _default(o):
     if isinstance(o, pd.Timestamp):
         return o.isoformat()
     raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def checks(ceil: Mapping, points: pd.DataFrame | None) -> list[dict]:
+    """The issue's acceptance checks, computed from the results (text, value, ok)."""
+    out = []
+    dp = ceil["compute"].get("peaks", {}).get("dp", {}).get("fma")
+    if dp:
+        out.append({"name": "dp_peak", "value": dp["fraction"], "ok": dp["fraction"] >= 0.9,
+                    "text": f"one-core double-precision FMA peak: measured "
+                            f"{dp['measured_flops_per_cycle']:.2f} flop/cycle = "
+                            f"{dp['fraction']:.1%} of the theoretical "
+                            f"{dp['theoretical']['flops_per_cycle']:g} "
+                            f"({dp['theoretical']['form']}, {dp['theoretical']['uarch']} table)"
+                            " (>= 90 %)"})
+    for scope, rec in ceil.get("bandwidth_order", {}).items():
+        out.append({"name": f"order_{scope}", "value": rec["values"],
+                    "ok": rec["strictly_decreasing"],
+                    "text": f"read plateaus, {scope.replace('_', ' ')}: "
+                            + " > ".join(f"{a} {v:.1f}" for a, v in
+                                         zip(rec["order"], rec["values"], strict=True))
+                            + " B/cycle (L1 > L2 > L3 > DRAM)"})
+    if points is not None and len(points):
+        ok = points[(points.status == "ok") & (points.kernel == "daxpy")
+                    & points.intensity_mem.notna() & (points.state == "warm")]
+        if len(ok):
+            big = ok[ok.bytes_footprint == ok.bytes_footprint.max()]
+            for _, p in big.iterrows():
+                ratio = p["intensity_mem"] / (1 / 12)
+                out.append({"name": f"daxpy_{p['flagset']}", "value": p["intensity_mem"],
+                            "ok": abs(ratio - 1) <= 0.10,
+                            "text": f"{p['benchmark']} n={p['n']} (warm, footprint "
+                                    f"{p['bytes_footprint'] >> 20} MiB): memory-side intensity "
+                                    f"{p['intensity_mem']:.4f} flop/byte vs analytic 1/12 = "
+                                    f"0.0833 (2 flops per 3 doubles): {ratio - 1:+.1%} "
+                                    "(within 10 %)"})
+    return out

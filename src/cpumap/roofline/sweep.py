@@ -120,14 +120,16 @@ def sweep_sizes(levels: Sequence[Mapping], *, per_level: int = 3, per_octave: in
 
 
 def run_sweep(binary: Path, kinds: Iterable[str], sizes: Sequence[int], cpus: Sequence[int], *,
-              reps: int = 3, min_ms: float = 20.0, timeout_s: float = 3600.0) -> dict:
+              reps: int = 3, min_ms: float = 20.0, quiet_reps: int = 0, max_reps: int = 64,
+              timeout_s: float = 3600.0) -> dict:
     """Run bw_sweep once; return {"points": [...], "meta": {...}} as the program printed them."""
     kinds = list(kinds)
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"unknown sweep kind(s) {bad}; known: {KINDS}")
     cmd = [str(binary), "--kinds", ",".join(kinds), "--sizes", ",".join(map(str, sizes)),
-           "--cpus", ",".join(map(str, cpus)), "--reps", str(reps), "--min-ms", str(min_ms)]
+           "--cpus", ",".join(map(str, cpus)), "--reps", str(reps), "--min-ms", str(min_ms),
+           "--quiet-reps", str(quiet_reps), "--max-reps", str(max(reps, max_reps))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         raise SweepError(f"{' '.join(cmd)} exited with {proc.returncode}: {proc.stderr[-2000:]}")
@@ -328,19 +330,23 @@ def plateau_dicts(plateaus: Iterable[Plateau]) -> list[dict]:
 
 def sweep_frame(binary: Path, kinds: Iterable[str], sizes: Sequence[int],
                 scopes: Mapping[str, Sequence[int]], *, reps: int = 3, rounds: int = 3,
-                min_ms: float = 10.0, progress=None) -> pd.DataFrame:
+                min_ms: float = 10.0, quiet_reps: int = 0, max_reps: int = 64,
+                progress=None) -> pd.DataFrame:
     """Raw rows of ``rounds`` passes over every scope (name -> CPUs), K = reps x rounds.
 
     Interference on a shared host comes in bursts; separate passes put a point's
     repetitions seconds apart, so min-of-K finds a quiet one (as campaign.split_repetitions).
+    Each pass takes at least ``reps`` repetitions of a point and more, up to ``max_reps``,
+    until ``quiet_reps`` ran without any measuring thread being switched out.
     """
     frames = []
     for rnd in range(rounds):
         for scope, cpus in scopes.items():
-            res = run_sweep(binary, kinds, sizes, cpus, reps=reps, min_ms=min_ms)
+            res = run_sweep(binary, kinds, sizes, cpus, reps=reps, min_ms=min_ms,
+                            quiet_reps=quiet_reps, max_reps=max_reps)
             df = to_frame(res, scope)
             df["round"] = rnd
-            df["rep"] = df["rep"] + rnd * reps
+            df["rep"] = df["rep"] + rnd * max(reps, max_reps)
             frames.append(df)
             if progress:
                 progress(f"sweep round {rnd + 1}/{rounds}, {scope} ({len(cpus)} CPU): "

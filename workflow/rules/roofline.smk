@@ -1,0 +1,121 @@
+# Roofline (issue 5, seed 004): compute ceilings from generated kernels, bandwidth ceilings
+# from a working-set sweep, kernel points of the real-kernel suite, plots and the report
+# section. Paths are in common.smk (ROOF_*); the logic is in cpumap.roofline.
+
+
+rule roofline_bw_build:
+    input:
+        source="harness/bw_sweep.c",
+        clock="harness/cpumap_clock.h",
+    output:
+        bin=ROOF_BW_BIN,
+    log:
+        f"{LOGS}/roofline/bw_build.log",
+    params:
+        out_dir=lambda wildcards, output: str(Path(output.bin).parent),
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_bw_build.py"
+
+
+rule roofline_compute:
+    input:
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        part=ROOF_COMPUTE_PART,
+        compute=ROOF_COMPUTE,
+    log:
+        f"{LOGS}/roofline/compute.log",
+    params:
+        bench=config["bench"],
+        roofline=ROOF,
+        workdir=lambda wildcards: f"{RESULTS}/{wildcards.mid}/roofline/work/compute",
+    threads: workflow.cores
+    resources:
+        # the all-cores run occupies every core: nothing else may measure meanwhile
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_compute.py"
+
+
+rule roofline_sweep:
+    input:
+        bin=ROOF_BW_BIN,
+        machine=MACHINE_JSON,
+    output:
+        sweep=ROOF_SWEEP,
+    log:
+        f"{LOGS}/roofline/sweep.log",
+    params:
+        roofline=ROOF,
+    threads: workflow.cores
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_sweep.py"
+
+
+rule roofline_ceilings:
+    input:
+        compute=ROOF_COMPUTE,
+        sweep=ROOF_SWEEP,
+        machine=MACHINE_JSON,
+    output:
+        ceilings=ROOF_CEILINGS,
+    log:
+        f"{LOGS}/roofline/ceilings.log",
+    params:
+        roofline=ROOF,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_ceilings.py"
+
+
+rule roofline_points:
+    input:
+        binaries=lambda wildcards: expand(SUITE_BIN, mid=wildcards.mid,
+                                          bench=roofline_point_benchmarks()),
+        machine=MACHINE_JSON,
+    output:
+        points=ROOF_POINTS,
+    log:
+        f"{LOGS}/roofline/points.log",
+    params:
+        benchmarks=roofline_point_benchmarks(),
+        points=ROOF["points"],
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_points.py"
+
+
+rule roofline_plots:
+    input:
+        ceilings=ROOF_CEILINGS,
+        points=lambda wildcards: (ROOF_POINTS.format(mid=wildcards.mid)
+                                  if roofline_point_benchmarks() else []),
+    output:
+        section=ROOF_SECTION,
+        summary=ROOF_SUMMARY,
+        plots=directory(ROOF_PLOTS),
+    log:
+        f"{LOGS}/roofline/plots.log",
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_plots.py"
+
+
+if ROOF["enabled"]:
+    EVAL_REPORT_EXTRA.append(ROOF_SECTION)

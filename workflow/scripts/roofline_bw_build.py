@@ -1,0 +1,18 @@
+"""Rule roofline_bw_build: compile the bandwidth sweep program (harness/bw_sweep.c)."""
+
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+from cpumap.roofline.sweep import build_sweep  # noqa: E402
+
+built = Path(build_sweep(Path(snakemake.params.out_dir)))
+print(f"built {built}")
+if built.resolve() != Path(snakemake.output.bin).resolve():
+    raise SystemExit(f"build_sweep wrote {built}, expected {snakemake.output.bin}")

@@ -1,0 +1,33 @@
+"""Rule roofline_compute: measure the compute variants (a DB part) and summarise them."""
+
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+from cpumap.io import read_parquet_checked  # noqa: E402
+from cpumap.roofline.build import run_compute, write_json  # noqa: E402
+
+with open(snakemake.input.machine, encoding="utf-8") as handle:
+    machine = json.load(handle)
+workdir = Path(snakemake.params.workdir)
+shutil.rmtree(workdir, ignore_errors=True)
+workdir.mkdir(parents=True)
+summary = run_compute(read_parquet_checked(snakemake.input.forms), machine,
+                      snakemake.params.bench, snakemake.params.roofline, workdir,
+                      Path(snakemake.input.harness), Path(snakemake.output.part),
+                      progress=lambda message: print(message, flush=True))
+write_json(summary, Path(snakemake.output.compute))
+shutil.rmtree(workdir, ignore_errors=True)
+for prec, rec in summary["peaks"].items():
+    for kind, r in rec.items():
+        print(f"peak {prec} {kind}: {r['measured_flops_per_cycle']:.2f} flop/cycle measured, "
+              f"{r['theoretical']['flops_per_cycle']:g} theoretical ({r['fraction']:.1%})")

@@ -1,0 +1,28 @@
+"""Rule roofline_points: kernel points (flops, bytes, cycles) of the real-kernel suite."""
+
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+import json  # noqa: E402
+
+from cpumap.io import write_parquet_atomic  # noqa: E402
+from cpumap.roofline.points import measure_points  # noqa: E402
+
+with open(snakemake.input.machine, encoding="utf-8") as handle:
+    machine = json.load(handle)
+pts = snakemake.params.points
+benchmarks = dict(zip(snakemake.params.benchmarks, snakemake.input.binaries, strict=True))
+df = measure_points(benchmarks, pts["sizes"], pts["states"], machine, reps=int(pts["reps"]),
+                    cpu=pts["cpu"], count_timeout=float(pts["count_timeout_s"]),
+                    sim_timeout=float(pts["sim_timeout_s"]),
+                    gdb_max_footprint=int(pts["gdb_max_footprint"]),
+                    progress=lambda message: print(message, flush=True))
+write_parquet_atomic(df, snakemake.output.points)
+print(f"{len(df)} points, {int((df.status == 'ok').sum())} ok")

@@ -1,0 +1,23 @@
+"""Rule roofline_sweep: the bandwidth working-set sweep, one core and all cores (raw rows)."""
+
+import sys
+from pathlib import Path
+
+# Import the cpumap package of this checkout (also when it is not pip-installed).
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cpumap.io import redirect_output  # noqa: E402
+
+redirect_output(snakemake.log[0])
+
+import json  # noqa: E402
+
+from cpumap.io import write_parquet_atomic  # noqa: E402
+from cpumap.roofline.build import run_sweep  # noqa: E402
+
+with open(snakemake.input.machine, encoding="utf-8") as handle:
+    machine = json.load(handle)
+rows = run_sweep(Path(snakemake.input.bin), machine, snakemake.params.roofline,
+                 progress=lambda message: print(message, flush=True))
+write_parquet_atomic(rows, snakemake.output.sweep)
+print(f"stored {len(rows)} sweep rows in {snakemake.output.sweep}")
