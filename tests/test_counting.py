@@ -141,3 +141,19 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert "kernel_nope" in capsys.readouterr().err
     assert cli.main(["count-blocks", str(tmp_path / "missing"), "--function", "f"]) == 2
     assert cli.main(["count-blocks", str(exe)]) == 2
+
+
+@pytest.mark.parametrize("flags", [["-O1"], ["-O2"], ["-O2", "-no-pie", "-fno-pic"],
+                                   ["-O3", "-march=native"]], ids=lambda f: "".join(f))
+def test_jump_table_switch_exact(tmp_path, flags):
+    exe = build(tmp_path, ["jumptable.c"], flags, "jt")
+    bl = blocks.extract_blocks(exe, "kernel_jt")
+    # the indirect jmp keeps the CFG open (every block counted), its table gives the leaders
+    assert any(b.open_end for b in bl)
+    n = 30
+    res = counting.count(exe, "kernel_jt", bl, [str(n)], plain=False)
+    assert set(res.method.values()) == {"breakpoint"}
+    r = [i % 7 for i in range(n)]
+    for k in range(6):
+        assert marker_count(bl, res.counts, f"$0x5{k}, %r11d") == r.count(k), k
+    assert marker_count(bl, res.counts, "$0x56, %r11d") == r.count(5) + r.count(6)

@@ -18,11 +18,19 @@ form by ``(iced code, memory operand?)`` -- the key the catalogue is indexed by;
 mode (base/index/scale), masking and broadcast are not separate forms there, so an indexed
 load maps to the same form as a based one.  Instructions the catalogue does not have get "".
 
+Jump tables (the suite disables them with -fno-jump-tables; other binaries have them): for an
+indirect jmp, gcc's two table forms are read from the binary -- ``jmp *TABLE(,%idx,8)``
+(absolute entries) and ``lea TABLE(%rip), %b; movslq (%b,%idx,4), %r; add %b, %r; jmp *%r``
+(entries relative to the table) -- up to the bound of a preceding ``cmp $K`` (else while the
+entries land on instructions of the function), and every entry becomes a leader.  Reading too
+many entries only splits blocks further, which keeps counts exact; a table that is not
+recognised can leave a case entered mid-block, which is why such blocks stay *open*.
+
 The CFG (``successors``) is what flow conservation needs: fall-through edges (after anything
 but jmp/ret/traps), direct targets, and for calls the return to the next instruction.  A
-function is *closed* when every edge is known; an indirect jmp (``jmp *%rax``: jump tables,
-which the suite disables with -fno-jump-tables) or a conditional jump out of the function
-(e.g. into a ``.cold`` part) makes it *open*, and counting then breaks on every block.
+function is *closed* when every edge is known; an indirect jmp or a conditional jump out of
+the function (e.g. into a ``.cold`` part) makes it *open*, and counting then breaks on every
+block.
 """
 
 from __future__ import annotations
@@ -126,6 +134,69 @@ def function_bounds(binary: Path | str, function: str) -> tuple[int, int, bytes]
     raise BlockError(f"function {function!r} of {path} is in no executable section")
 
 
+def _elf_reader(binary: Path | str):
+    """read(address, size) -> bytes of an allocated PROGBITS section, or None."""
+    with open(binary, "rb") as handle:
+        elf = ELFFile(handle)
+        spans = [(int(sec["sh_addr"]), bytes(sec.data())) for sec in elf.iter_sections()
+                 if sec["sh_type"] == "SHT_PROGBITS" and sec["sh_flags"] & 0x2]  # SHF_ALLOC
+
+    def read(addr: int, size: int) -> bytes | None:
+        for lo, data in spans:
+            if lo <= addr and addr + size <= lo + len(data):
+                return data[addr - lo: addr - lo + size]
+        return None
+
+    return read
+
+
+def _jump_table_targets(insns: list, k: int, starts: set[int], reader) -> list[int]:
+    """Targets of the indirect jmp insns[k] read from a gcc jump table (module docstring)."""
+    X = capstone.x86
+    op = insns[k].operands[0] if insns[k].operands else None
+    tables: list[tuple[int, int, bool]] = []  # (address, entry size, relative to the table)
+    if op is None:
+        return []
+    if op.type == X.X86_OP_MEM and op.mem.base == 0 and op.mem.index != 0 and \
+            op.mem.scale == 8:
+        tables.append((op.mem.disp & (2**64 - 1), 8, False))
+    elif op.type == X.X86_OP_REG:
+        base = None
+        for j in range(k - 1, max(-1, k - 6), -1):
+            ops = insns[j].operands
+            if insns[j].mnemonic.startswith("movs") and len(ops) == 2 and \
+                    ops[0].type == X.X86_OP_MEM and ops[0].mem.scale == 4 and \
+                    ops[1].type == X.X86_OP_REG and ops[1].reg == op.reg:
+                base = ops[0].mem.base
+                break
+        if base:
+            for p in insns:
+                ops = p.operands
+                if p.mnemonic.startswith("lea") and len(ops) == 2 and \
+                        ops[0].type == X.X86_OP_MEM and ops[0].mem.base == X.X86_REG_RIP and \
+                        ops[1].type == X.X86_OP_REG and ops[1].reg == base:
+                    tables.append((p.address + p.size + ops[0].mem.disp, 4, True))
+    bound = None
+    for j in range(k - 1, max(-1, k - 10), -1):
+        ops = insns[j].operands
+        if insns[j].mnemonic.startswith("cmp") and len(ops) == 2 and \
+                ops[0].type == X.X86_OP_IMM and 0 <= ops[0].imm < 4096:
+            bound = int(ops[0].imm) + 1
+            break
+    targets = []
+    for table, size, relative in tables:
+        for e in range(bound or 4096):
+            raw = reader(table + e * size, size)
+            if raw is None:
+                break
+            val = int.from_bytes(raw, "little", signed=relative)
+            t = (table + val) & (2**64 - 1) if relative else val
+            if t not in starts:
+                break
+            targets.append(t)
+    return targets
+
+
 def _disassembler() -> capstone.Cs:
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     md.syntax = capstone.CS_OPT_SYNTAX_ATT
@@ -181,6 +252,8 @@ def extract_blocks(binary: Path | str, function: str, catalogue=None) -> list[Bl
                          f"(stopped at {start + decoded_len:#x})")
     starts = {i.address for i in insns}
     leaders = {start}
+    reader = None
+    table_targets: dict[int, list[int]] = {}  # address of an indirect jmp -> table entries
     for k, ins in enumerate(insns):
         kind = _kind(ins)
         if not kind:
@@ -188,6 +261,10 @@ def extract_blocks(binary: Path | str, function: str, catalogue=None) -> list[Bl
         if k + 1 < len(insns):
             leaders.add(insns[k + 1].address)
         target = _direct_target(ins) if kind in ("jmp", "jcc", "call") else None
+        if kind == "jmp" and target is None:
+            reader = reader or _elf_reader(binary)
+            table_targets[ins.address] = _jump_table_targets(insns, k, starts, reader)
+            leaders.update(table_targets[ins.address])
         if target is not None and start <= target < end:
             if target not in starts:
                 raise BlockError(f"{function}: {ins.mnemonic} at {ins.address:#x} jumps into the "
@@ -220,7 +297,9 @@ def extract_blocks(binary: Path | str, function: str, catalogue=None) -> list[Bl
                 blk.exits = True  # falls off the function's end: into whatever follows
         if kind in ("jmp", "jcc"):
             if target is None:
-                blk.open_end = True  # indirect: targets unknown
+                # indirect: the table's entries are successors, but maybe not all of them
+                succ += [index[t] for t in table_targets.get(last.address, [])]
+                blk.open_end = True
             elif start <= target < end:
                 succ.append(index[target])
             elif kind == "jmp":
