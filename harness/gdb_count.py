@@ -7,7 +7,13 @@ Run by cpumap.counting as
 with the environment variable CPUMAP_GDB_SPEC naming a JSON file:
 
     {"function": str, "entry": int (ELF address of the function), "args": [str, ...],
-     "addresses": [int, ...] (ELF addresses of the blocks to count), "out": path}
+     "addresses": [int, ...] (ELF addresses of the blocks to count), "out": path,
+     "loops": [{"block", "pred_last", "exit": int (ELF addresses), "reg": str, "step": int,
+                "width": 32|64}, ...]}
+
+Loops (cpumap.counting.TripLoop): the register is read at the last instruction of the loop's
+predecessor and again at its exit block; (difference / step) is the number of executions of
+the loop block for that entry, summed into ``loop_counts``.
 
 Program arguments: gdb 13 without a startup shell splits its argument string at whitespace
 and does no quoting, so arguments without whitespace are passed that way (no shell at all);
@@ -75,6 +81,50 @@ class _Return(gdb.Breakpoint):
         return False
 
 
+class _LoopEntry(gdb.Breakpoint):
+    """At the last instruction of P: remember the induction register."""
+
+    def __init__(self, spec, loop, errors):
+        super().__init__(spec, internal=True)
+        self.loop, self.errors, self.hits = loop, errors, 0
+
+    def stop(self):
+        self.hits += 1
+        if self.loop["start"] is not None:
+            self.errors.append(f"loop at {self.loop['block']:#x} entered twice without exit")
+        self.loop["start"] = _reg(self.loop["reg"])
+        return False
+
+
+class _LoopExit(gdb.Breakpoint):
+    """At the first instruction of X: the loop block ran (R - start) / step times."""
+
+    def __init__(self, spec, loop, errors):
+        super().__init__(spec, internal=True)
+        self.loop, self.errors, self.hits = loop, errors, 0
+
+    def stop(self):
+        self.hits += 1
+        lp = self.loop
+        if lp["start"] is None:  # X reached by another path: not a loop exit
+            return False
+        mask = (1 << lp["width"]) - 1
+        step = lp["step"]
+        d = ((_reg(lp["reg"]) - lp["start"]) if step > 0 else (lp["start"] - _reg(lp["reg"])))
+        d &= mask
+        trips, rest = divmod(d, abs(step))
+        if rest or trips < 1:
+            self.errors.append(f"loop at {lp['block']:#x}: {lp['reg']} moved by {d}, not a "
+                               f"positive multiple of {abs(step)}")
+        lp["total"] += trips
+        lp["start"] = None
+        return False
+
+
+def _reg(name):
+    return int(gdb.selected_frame().read_register(name)) & ((1 << 64) - 1)
+
+
 def _alive():
     inf = gdb.selected_inferior()
     return inf is not None and inf.pid != 0
@@ -124,6 +174,14 @@ def main():
         counters[a] = bp
     if int(spec["entry"]) not in counters:
         entry_bp.delete()
+    errors = []
+    loop_bps = []
+    loops = []
+    for lp in spec.get("loops", []):
+        state = dict(lp, start=None, total=0)
+        loops.append(state)
+        loop_bps.append(_LoopEntry(f"*{int(lp['pred_last']) + bias:#x}", state, errors))
+        loop_bps.append(_LoopExit(f"*{int(lp['exit']) + bias:#x}", state, errors))
     ret_bp = _Return(f"*{ret:#x}", sp)
     gdb.execute("continue", to_string=True)
     t1 = time.perf_counter()
@@ -132,9 +190,14 @@ def main():
                f"the program exited (code {stops.exit_code})")
         _write(out, {"error": f"{func} did not return: {why}"})
         return
+    if errors:
+        _write(out, {"error": "trip-count loops: " + "; ".join(errors[:5])})
+        return
     counts = {str(a): int(bp.hit_count) for a, bp in counters.items()}
-    _write(out, {"counts": counts, "bias": bias, "region_seconds": t1 - t0,
-                 "startup_seconds": t0 - t_start, "hits": sum(counts.values())})
+    loop_counts = {str(int(lp["block"])): lp["total"] for lp in loops}
+    hits = sum(counts.values()) + sum(bp.hits for bp in loop_bps)
+    _write(out, {"counts": counts, "loop_counts": loop_counts, "bias": bias,
+                 "region_seconds": t1 - t0, "startup_seconds": t0 - t_start, "hits": hits})
     gdb.execute("kill", to_string=True)
 
 

@@ -21,6 +21,17 @@ frequency (static estimate: loops iterate 10 times, branches split evenly) gives
 set for that estimate.  The solver also checks the measured counts are consistent with the
 equations and the derived ones non-negative integers, and fails loudly otherwise.
 
+Counted loops without a breakpoint per iteration.  A block B that loops on itself (its
+jcc goes back to B) has one predecessor P besides itself, which always continues into B
+(P's only successor), and one exit X; if B writes some register R exactly once, by a
+constant step c (add/sub $c, inc, dec, lea c(R), R) and no other instruction of B writes R,
+then each entry into the loop runs B  T = (R at X - R after P) / c  times: nothing but B
+runs between P's last instruction and X's first.  gdb reads R at a breakpoint on P's last
+instruction (which must not write R or be a call) and at X, once per loop entry instead of
+once per iteration; the sum of T over the entries is B's count ("trip" in the method column).
+The division must be exact and T >= 1, or counting fails.  In the greedy choice such a
+block costs freq(P) + freq(X) instead of freq(B).
+
 Assumptions (true of the suite, checked where possible): the function's CFG is closed (no
 indirect jmp, no conditional jump out of it -- otherwise every block is measured), calls
 return normally (no longjmp/exit inside the counted invocation), the function is entered once
@@ -173,7 +184,7 @@ def estimated_frequency(blocks: Sequence[Block]) -> np.ndarray:
     if n == 0:
         return np.zeros(0)
     dom = _dominators(blocks)
-    P = np.zeros((n, n))
+    P = np.zeros((n, n))  # noqa: N806 (the transition matrix)
     for b in blocks:
         succ = b.successors
         if not succ:
@@ -192,6 +203,140 @@ def estimated_frequency(blocks: Sequence[Block]) -> np.ndarray:
     except np.linalg.LinAlgError:
         f = np.ones(n)
     return np.maximum(f, 0.0)
+
+
+@dataclass
+class TripLoop:
+    """A self-loop block whose executions are counted from an induction register."""
+
+    block: int
+    pred: int        # block id of P
+    pred_last: int   # address of P's last instruction (R is read there)
+    exit: int        # block id of X (R is read at its first instruction)
+    reg: str         # 64-bit name of R, e.g. "rax"
+    step: int        # c
+    width: int       # bits of the stepped register (32: arithmetic mod 2**32)
+
+
+_STEP = {"add": 1, "sub": -1}
+
+
+def _decode(block: Block) -> list:
+    from .blocks import _disassembler
+
+    return list(_disassembler().disasm(bytes.fromhex("".join(block.hexes)), block.address))
+
+
+def _written(insn) -> set[str]:
+    from . import x86
+
+    out = set()
+    for r in insn.regs_access()[1]:
+        name = insn.reg_name(r)
+        try:
+            out.add(x86.full_register(name.upper()).lower())
+        except KeyError:
+            out.add(name)
+    return out
+
+
+def _induction(insn) -> tuple[str, int, int] | None:
+    """(64-bit register, step, width) when ``insn`` adds a constant to one GPR."""
+    from capstone import x86 as X
+
+    from . import x86
+
+    ops = insn.operands
+    mnem = insn.mnemonic.rstrip("lq") if insn.mnemonic not in ("leaq", "leal") else "lea"
+    reg = None
+    step = None
+    if mnem in _STEP and len(ops) == 2 and ops[0].type == X.X86_OP_IMM and \
+            ops[1].type == X.X86_OP_REG:
+        reg, step = ops[1].reg, _STEP[mnem] * int(ops[0].imm)
+    elif insn.mnemonic[:3] in ("inc", "dec") and len(ops) == 1 and ops[0].type == X.X86_OP_REG:
+        reg, step = ops[0].reg, 1 if insn.mnemonic.startswith("inc") else -1
+    elif mnem == "lea" and len(ops) == 2 and ops[0].type == X.X86_OP_MEM and \
+            ops[1].type == X.X86_OP_REG and ops[0].mem.base == ops[1].reg and \
+            ops[0].mem.index == 0 and ops[0].mem.segment == 0:
+        reg, step = ops[1].reg, int(ops[0].mem.disp)
+    if reg is None or not step:
+        return None
+    size = ops[-1].size
+    if size not in (4, 8):
+        return None
+    try:
+        full = x86.full_register(insn.reg_name(reg).upper()).lower()
+    except KeyError:
+        return None
+    if full in ("rsp", "rip"):
+        return None
+    return full, step, 8 * size
+
+
+def trip_loops(blocks: Sequence[Block]) -> dict[int, TripLoop]:
+    """Self-loop blocks whose counts can come from an induction register (module docstring)."""
+    preds: dict[int, list[int]] = {b.block_id: [] for b in blocks}
+    for b in blocks:
+        for t in b.successors:
+            preds[t].append(b.block_id)
+    out: dict[int, TripLoop] = {}
+    for b in blocks:
+        v = b.block_id
+        others = [p for p in preds[v] if p != v]
+        exits = [t for t in b.successors if t != v]
+        if v == 0 or v not in b.successors or len(others) != 1 or len(exits) != 1 or \
+                b.exits or b.open_end or not b.hexes:
+            continue
+        p = blocks[others[0]]
+        if p.successors != [v] or p.exits or p.open_end or p.terminator.startswith("call"):
+            continue
+        try:
+            insns = _decode(b)
+            p_last = _decode(p)[-1]
+        except Exception:  # undecodable bytes: no trip count, the block keeps a breakpoint
+            continue
+        writes = [_written(i) for i in insns]
+        for k, ins in enumerate(insns):
+            ind = _induction(ins)
+            if ind is None:
+                continue
+            reg, step, width = ind
+            if any(reg in w for j, w in enumerate(writes) if j != k) or \
+                    reg in _written(p_last):
+                continue
+            out[v] = TripLoop(v, p.block_id, p_last.address, exits[0], reg, step, width)
+            break
+    return out
+
+
+def plan_counting(blocks: Sequence[Block], all_blocks: bool = False,
+                  trips: bool = True) -> tuple[list[int], dict[int, TripLoop]]:
+    """(blocks to break on, self-loops counted by trip count) that determine every count.
+
+    The greedy basis of ``plan_breakpoints``, where a block with a TripLoop costs the
+    estimated executions of its P and X instead of its own.
+    """
+    if all_blocks or any(b.open_end for b in blocks):
+        return [b.block_id for b in blocks], {}
+    system = FlowSystem.of(blocks)
+    span = _Span(len(system.edges))
+    for row, _ in system.equations():
+        span.add(row)
+    freq = estimated_frequency(blocks)
+    loops = trip_loops(blocks) if trips else {}
+    cost = {v: min(freq[v], freq[loops[v].pred] + freq[loops[v].exit]) if v in loops
+            else freq[v] for v in range(len(blocks))}
+    bps: list[int] = []
+    used: dict[int, TripLoop] = {}
+    for v in sorted(range(len(blocks)), key=lambda v: (cost[v], v)):
+        row = system.count_row(v)
+        if not span.contains(row):
+            span.add(row)
+            if v in loops and cost[v] < freq[v]:
+                used[v] = loops[v]
+            else:
+                bps.append(v)
+    return sorted(bps), used
 
 
 def plan_breakpoints(blocks: Sequence[Block], all_blocks: bool = False) -> list[int]:
@@ -295,6 +440,7 @@ class CountResult:
         return {"binary": self.binary, "function": self.function, "args": self.args,
                 "n_blocks": len(self.blocks),
                 "breakpoints": sum(m == "breakpoint" for m in self.method.values()),
+                "trip_loops": sum(m == "trip" for m in self.method.values()),
                 "derived": sum(m == "derived" for m in self.method.values()),
                 "breakpoint_hits": self.hits,
                 "occurrences_total": int(sum(self.counts.values())),
@@ -315,7 +461,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[int],
             args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
-            gdb: str = "gdb") -> dict[str, Any]:
+            gdb: str = "gdb", loops: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Hit counts (ELF address -> hits) of breakpoints on ``addresses`` for one invocation.
 
     The arguments travel in a JSON file named in the environment (harness/gdb_count.py says
@@ -328,7 +474,8 @@ def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[i
         out = Path(tmp) / "out.json"
         spec.write_text(json.dumps({"function": function, "entry": int(entry),
                                     "addresses": [int(a) for a in addresses],
-                                    "args": [str(a) for a in args], "out": str(out)}))
+                                    "args": [str(a) for a in args], "out": str(out),
+                                    "loops": list(loops)}))
         cmd = [gdb, "-batch", "-nx", "-x", str(GDB_SCRIPT), str(binary.resolve())]
         env = dict(os.environ, CPUMAP_GDB_SPEC=str(spec), SHELL="/bin/sh")
         t0 = time.perf_counter()
@@ -353,6 +500,7 @@ def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[i
         raise CountError(f"{binary.name}: {res['error']}")
     res["seconds"] = seconds
     res["counts"] = {int(a): int(c) for a, c in res["counts"].items()}
+    res["loop_counts"] = {int(a): int(c) for a, c in res.get("loop_counts", {}).items()}
     return res
 
 
@@ -367,21 +515,30 @@ def plain_run_seconds(binary: Path | str, args: Sequence[str] = (),
 
 
 def count(binary: Path | str, function: str, blocks: Sequence[Block] | None = None,
-          args: Sequence[str] = (), *, all_blocks: bool = False,
+          args: Sequence[str] = (), *, all_blocks: bool = False, trips: bool = True,
           timeout: float = DEFAULT_TIMEOUT_S, plain: bool = True, catalogue=None,
           gdb: str = "gdb") -> CountResult:
-    """Occurrences of every block of ``function`` for its first invocation by ``binary args``."""
+    """Occurrences of every block of ``function`` for its first invocation by ``binary args``.
+
+    ``all_blocks``: a breakpoint on every block, nothing derived; ``trips=False``: no
+    trip-count loops (flow conservation only).
+    """
     if blocks is None:
         blocks = extract_blocks(binary, function, catalogue)
     blocks = list(blocks)
     if not blocks:
         raise BlockError(f"{function} has no blocks")
-    measured = plan_breakpoints(blocks, all_blocks)
+    measured, loops = plan_counting(blocks, all_blocks, trips)
+    loop_specs = [{"block": blocks[v].address, "pred_last": t.pred_last,
+                   "exit": blocks[t.exit].address, "reg": t.reg, "step": t.step,
+                   "width": t.width} for v, t in loops.items()]
     res = run_gdb(binary, function, blocks[0].address, [blocks[v].address for v in measured],
-                  args, timeout, gdb)
+                  args, timeout, gdb, loop_specs)
     hits = {v: res["counts"][blocks[v].address] for v in measured}
+    hits |= {v: res["loop_counts"][blocks[v].address] for v in loops}
     counts = derive_counts(blocks, hits)
-    method = {v: ("breakpoint" if v in hits else "derived") for v in counts}
+    method = {v: ("trip" if v in loops else "breakpoint" if v in hits else "derived")
+              for v in counts}
     plain_s = plain_run_seconds(binary, args, timeout) if plain else None
     return CountResult(str(binary), function, [str(a) for a in args], blocks, counts, method,
                        int(res["hits"]), float(res["seconds"]), float(res["region_seconds"]),
