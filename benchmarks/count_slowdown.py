@@ -2,12 +2,13 @@
 """Cost of counting block occurrences with gdb, with and without the flow-conservation
 reduction, on the real-kernel suite.
 
-For each benchmark (built into a temporary directory, default sizes) this prints:
-breakpoints set and hits taken, hits per second in the counted region, the counted region's
-time against the plain kernel's (driver ticks / TSC frequency), and the whole run under gdb
-against a plain run of the same command (the fastest of --plain-runs runs) -- once breaking
-only on the blocks conservation cannot derive, once on every block.  It checks both give
-the same counts.  Then it counts the whole set again with --processes gdb processes at a time
+For each benchmark (built into a temporary directory, default sizes) and each mode -- a
+breakpoint on every block ("all"), flow conservation only ("flow"), flow conservation plus
+trip-count loops ("flow+trip", the default of cpumap.counting) -- this prints the breakpoint
+hits, hits per second in the counted region, and the whole run under gdb against a plain run
+of the same command (the fastest of --plain-runs runs); totals compare the counted regions
+with the plain kernel time (driver ticks / TSC frequency).  It checks every mode gives the
+same counts.  Then it counts the whole set again with --processes gdb processes at a time
 and prints the wall time against the sequential sum.
 
     .venv/bin/python benchmarks/count_slowdown.py                  # every kernel x flag set
@@ -44,10 +45,11 @@ def main() -> int:
                  for k in args.kernels for f in args.flagsets}
         build_s = time.perf_counter() - t0
         print(f"built {len(built)} benchmarks in {build_s:.1f} s")
-        hdr = (f"{'benchmark':24} {'blk':>3} {'bp':>3} {'hits':>6} {'hits/s':>6} "
-               f"{'region':>7} {'x kern':>7} {'gdb s':>6} {'plain':>6} {'slow':>5} | "
-               f"{'all:hits':>8} {'hits/s':>6} {'gdb s':>6} {'slow':>5}")
-        print(hdr)
+        modes = {"all": {"all_blocks": True}, "flow": {"trips": False}, "flow+trip": {}}
+        print("per mode: breakpoint hits, hits/s in the counted region, seconds under gdb, "
+              "slowdown of the whole run against a plain run")
+        print(f"{'benchmark':24} {'blk':>3} {'plain s':>7} {'kern us':>7} | " + " | ".join(
+            f"{m + ' hits':>15} {'/s':>5} {'gdb s':>5} {'slow':>5}" for m in modes))
         for bench, exe in built.items():
             k, _ = suite.split_benchmark(bench)
             fn = suite.function_name(k)
@@ -57,36 +59,31 @@ def main() -> int:
                         for _ in range(args.plain_runs))
             kern_s = min(suite.measure_kernel(exe, reps=1)["ticks"][0] / tsc_hz
                          for _ in range(args.plain_runs))
-            red = counting.count(exe, fn, bl, run_args, plain=False)
-            full = counting.count(exe, fn, bl, run_args, all_blocks=True, plain=False)
-            if red.counts != full.counts:
+            res = {m: counting.count(exe, fn, bl, run_args, plain=False, **kw)
+                   for m, kw in modes.items()}
+            if not all(r.counts == res["all"].counts for r in res.values()):
                 print(f"{bench}: DERIVED COUNTS DIFFER FROM FULL COUNTS", file=sys.stderr)
                 return 1
-            row = {"benchmark": bench, "blocks": len(bl),
-                   "breakpoints": sum(m == "breakpoint" for m in red.method.values()),
-                   "hits": red.hits, "hits_per_s": red.hits / red.region_seconds,
-                   "region_s": red.region_seconds, "kernel_s": kern_s,
-                   "region_slowdown": red.region_seconds / kern_s,
-                   "gdb_s": red.seconds, "plain_s": plain, "slowdown": red.seconds / plain,
-                   "all_hits": full.hits, "all_hits_per_s": full.hits / full.region_seconds,
-                   "all_gdb_s": full.seconds, "all_slowdown": full.seconds / plain}
+            row = {"benchmark": bench, "blocks": len(bl), "plain_s": plain, "kernel_s": kern_s}
+            for m, r in res.items():
+                row[m] = {"hits": r.hits, "region_s": r.region_seconds, "gdb_s": r.seconds,
+                          "breakpoints": sum(x == "breakpoint" for x in r.method.values()),
+                          "trips": sum(x == "trip" for x in r.method.values())}
             rows.append(row)
-            print(f"{bench:24} {row['blocks']:3d} {row['breakpoints']:3d} {row['hits']:6d} "
-                  f"{row['hits_per_s']:6.0f} {row['region_s']:7.3f} "
-                  f"{row['region_slowdown']:7.0f} {row['gdb_s']:6.2f} {plain:6.3f} "
-                  f"{row['slowdown']:5.1f} | {row['all_hits']:8d} "
-                  f"{row['all_hits_per_s']:6.0f} {row['all_gdb_s']:6.2f} "
-                  f"{row['all_slowdown']:5.1f}")
-        hits, all_hits = sum(r["hits"] for r in rows), sum(r["all_hits"] for r in rows)
-        reg, all_reg = sum(r["region_s"] for r in rows), 0.0
-        gdb_s, all_gdb_s = sum(r["gdb_s"] for r in rows), sum(r["all_gdb_s"] for r in rows)
+            print(f"{bench:24} {len(bl):3d} {plain:7.3f} {kern_s * 1e6:7.1f} | " + " | ".join(
+                f"{row[m]['hits']:15d} {row[m]['hits'] / row[m]['region_s']:5.0f} "
+                f"{row[m]['gdb_s']:5.2f} {row[m]['gdb_s'] / plain:5.1f}" for m in modes))
         plain_s = sum(r["plain_s"] for r in rows)
-        all_reg = sum(r["all_hits"] / r["all_hits_per_s"] for r in rows)
-        print(f"total: reduced {hits} hits ({hits / reg:.0f}/s in the counted regions), "
-              f"{gdb_s:.1f} s under gdb, slowdown {gdb_s / plain_s:.1f}x of {plain_s:.2f} s "
-              f"plain; every block {all_hits} hits ({all_hits / all_reg:.0f}/s), "
-              f"{all_gdb_s:.1f} s, slowdown {all_gdb_s / plain_s:.1f}x; the reduction saves "
-              f"{1 - hits / all_hits:.0%} of the hits")
+        kern_s = sum(r["kernel_s"] for r in rows)
+        for m in modes:
+            hits = sum(r[m]["hits"] for r in rows)
+            reg = sum(r[m]["region_s"] for r in rows)
+            gdb_s = sum(r[m]["gdb_s"] for r in rows)
+            print(f"total {m:9}: {hits:6d} hits, {hits / reg:5.0f} hits/s in the counted "
+                  f"regions ({reg:.2f} s against {kern_s * 1e6:.0f} us of plain kernel time: "
+                  f"x{reg / kern_s:.0f}); {gdb_s:.1f} s under gdb against {plain_s:.2f} s of "
+                  f"plain runs: slowdown x{gdb_s / plain_s:.1f}")
+        gdb_s = sum(r["flow+trip"]["gdb_s"] for r in rows)
         jobs = [{"binary": exe, "function": suite.function_name(suite.split_benchmark(b)[0]),
                  "args": suite.benchmark_args(b, reps=1), "plain": False}
                 for b, exe in built.items()]
