@@ -1,0 +1,164 @@
+"""Faults: a killed run resumes without re-measuring, damaged parts are named, bad configs are
+rejected with the key named. (Analyzer crashes and hangs: tests/test_evaluate*.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cpumap import db, portmap
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def _run(cfg: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    # extra arguments (targets among them) first: --configfile takes several values
+    return subprocess.run([SNAKEMAKE, *extra, "--cores", "2", "--configfile", str(cfg)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_killed_run_resumes_without_remeasuring(tmp_path: Path, host: dict) -> None:
+    """SIGKILL of Snakemake, its job and the harness in the middle of a measuring batch; the
+    resumed run measures only the batches not stored, and the stored parts stay untouched."""
+    forms = [ln.split("#")[0].strip() for ln in
+             (ROOT / "config" / "quick_forms.txt").read_text().splitlines()]
+    forms = [f for f in forms if f][:12]
+    quick = tmp_path / "forms.txt"
+    quick.write_text("\n".join(forms) + "\n")
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    results = tmp_path / "results"
+    cfg["results_dir"] = str(results)
+    cfg["catalogue"]["smoke_run"] = False
+    cfg["selection"] = {"forms": "quick", "quick_list": str(quick)}
+    # long calls, so that a batch measures for seconds and the kill lands inside one
+    cfg["bench"] |= {"batch_size": 4, "num_measures": 5, "rounds": 5, "total_insn": 100_000_000,
+                     "max_call_ms": 0}
+    cfg["model"]["enabled"] = False
+    cfgfile = tmp_path / "config.yaml"
+    cfgfile.write_text(yaml.safe_dump(cfg))
+    mdir = results / host["machine_id"]
+    target = str(mdir / "bench" / "singletons" / "summary.tsv")
+    cmd = [SNAKEMAKE, target, "--cores", "2", "--configfile", str(cfgfile)]
+    out = open(tmp_path / "killed-run.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    logs = mdir / "logs" / "measure"
+    killed = None
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            stored = {p.name for p in (mdir / "db").glob("part-*.parquet")}
+            for log in sorted(logs.glob("singletons-*.log")) if logs.is_dir() else []:
+                batch = log.stem
+                if f"part-{batch}.parquet" not in stored and \
+                        "generated and compiled" in log.read_text() and stored:
+                    killed = batch
+                    break
+            if killed:
+                time.sleep(0.5)  # the harness is measuring now
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None and killed is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        out.close()
+    assert killed, ("the run ended before a batch could be interrupted: "
+                    + (tmp_path / "killed-run.log").read_text()[-3000:])
+    time.sleep(0.5)
+    parts = sorted((mdir / "db").glob("*.parquet"))
+    assert f"part-{killed}.parquet" not in {p.name for p in parts}
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in parts}
+    rows_before = db.load(mdir / "db")  # every stored part is complete and readable
+    assert len(rows_before) > 0
+    # nothing half-written can pass for a part: temporary files are hidden and never loaded
+    assert all(p.name.startswith(".") for p in (mdir / "db").iterdir()
+               if p.name not in before)
+
+    # resume: release the killed run's lock (Snakemake's procedure), run again
+    unlock = _run(cfgfile, "--unlock", target)
+    assert unlock.returncode == 0, unlock.stderr[-2000:]
+    proc2 = _run(cfgfile, target)
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes())
+             for p in (mdir / "db").glob("*.parquet")}
+    assert {k: after[k] for k in before} == before  # stored parts untouched
+    rows = db.load(mdir / "db")
+    # every form measured exactly once: repetitions 0-4 in one batch, none twice (a repetition
+    # may be stored as failed, e.g. f2 - f1 <= 0, but it is stored once)
+    assert sorted(rows.kernel.unique()) == sorted(forms)
+    reps = rows.groupby("kernel")["rep"].apply(lambda s: sorted(s.tolist())).to_dict()
+    assert reps == {f: [0, 1, 2, 3, 4] for f in forms}
+    assert (rows.groupby("kernel")["batch_id"].nunique() == 1).all()
+    resumed = proc2.stdout + proc2.stderr
+    assert f"batch={killed.removeprefix('singletons-')}" in resumed
+    for name in before:
+        assert f"batch={name.removeprefix('part-singletons-').removesuffix('.parquet')}" \
+            not in resumed
+
+
+@pytest.fixture(scope="module")
+def small_simulated(tmp_path_factory) -> tuple[Path, Path]:
+    """A finished run of a small simulated machine: (config file, machine directory)."""
+    tmp = tmp_path_factory.mktemp("faults-sim")
+    mapping = tmp / "toy.json"
+    mapping.write_text(json.dumps(portmap.synthetic_mapping(n_ports=6, n_forms=16, seed=1)))
+    cfg = yaml.safe_load((ROOT / "config" / "simulated.yaml").read_text())
+    cfg["results_dir"] = str(tmp / "results")
+    cfg["machine"]["mapping"] = str(mapping)
+    cfg["bench"]["batch_size"] = 4
+    cfg["model"]["validation_kernels"] = 20
+    cfgfile = tmp / "config.yaml"
+    cfgfile.write_text(yaml.safe_dump(cfg))
+    proc = _run(cfgfile)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (mdir,) = (tmp / "results").iterdir()
+    return cfgfile, mdir
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_damaged_part_is_reported_with_its_path(small_simulated, damage: str) -> None:
+    cfgfile, mdir = small_simulated
+    part = sorted((mdir / "db").glob("part-singletons-*.parquet"))[0]
+    good = part.read_bytes()
+    try:
+        part.write_bytes(good[: len(good) // 2] if damage == "truncate" else b"PAR1" + b"x" * 64)
+        proc = _run(cfgfile, "--forcerun", "singleton_summary")
+        assert proc.returncode != 0
+        log = (mdir / "logs" / "singleton_summary.log").read_text()
+        assert f"corrupt or unreadable file {part}" in log
+        # the damaged part is still there for the user to restore, not deleted or replaced
+        assert part.read_bytes() != good and part.exists()
+    finally:
+        part.write_bytes(good)
+    proc = _run(cfgfile, "--forcerun", "singleton_summary")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("patch", "named"), [
+    ({"bench": {"unrol_size": 100}}, "'unrol_size' was unexpected"),
+    ({"bench": {"num_measures": "ten"}}, "instance['bench']['num_measures']"),
+    ({"measure": "no"}, "instance['measure']"),
+    ({"machine": {"backend": "simulated", "mapping": None}}, "instance['machine']['mapping']"),
+])
+def test_malformed_config_is_rejected_naming_the_key(tmp_path: Path, patch: dict,
+                                                     named: str) -> None:
+    cfgfile = tmp_path / "bad.yaml"
+    cfgfile.write_text(yaml.safe_dump(patch))
+    proc = _run(cfgfile, "-n", timeout=300)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "Error validating config file" in out
+    assert named in out, out[-3000:]
+    assert not re.search(r"^rule \w+:", out, re.M)  # rejected before any job was planned
