@@ -43,9 +43,10 @@ __all__ = [
 
 
 def split_benchmark(benchmark: str) -> tuple[str, str]:
-    """(kernel, flag set) of a benchmark id ``<kernel>.<flagset>``."""
+    """(kernel, flag set) of a benchmark id ``<kernel>.<flagset>``; a user benchmark (an id
+    without a dot, suite.user) has the flag set "user"."""
     kernel, _, flagset = benchmark.partition(".")
-    return kernel, flagset
+    return kernel, flagset or "user"
 
 
 def measured_cycles(obj: Mapping) -> float:

@@ -53,7 +53,9 @@ metrics = evaluate.metrics_table(kernels, [a for a, s in status.items() if s["st
 io.write_tsv_atomic(kernels, snakemake.output.kernels)
 io.write_tsv_atomic(metrics, snakemake.output.metrics)
 summary = evaluate.summary(kernels, residency, float(cfg["miss_threshold"]))
-io.write_json_atomic({"analyzers": status, "metrics": json.loads(metrics.to_json(
+# a list, not an object: the JSON writer sorts keys, and the analyzers' order is the report's
+analyzers = [{"name": name} | info for name, info in status.items()]
+io.write_json_atomic({"analyzers": analyzers, "metrics": json.loads(metrics.to_json(
     orient="records")), "summary": summary, "config": cfg}, snakemake.output.metrics_json)
 print(metrics.to_string())
 print(json.dumps(summary, indent=1))

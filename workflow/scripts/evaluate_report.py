@@ -45,5 +45,6 @@ notes = [report.residency_note(s)]
 extra = [report.fragment_section(p) for p in snakemake.input.extra]
 report.write_report(snakemake.output.html, title="cpumap: code analyzers on real kernels",
                     header=header, metrics=metrics, kernels=kernels, predictions=predictions,
-                    analyzers=mj["analyzers"], notes=notes, extra_sections=extra)
+                    analyzers={a["name"]: a for a in mj["analyzers"]}, notes=notes,
+                    extra_sections=extra)
 print(f"wrote {snakemake.output.html}")
