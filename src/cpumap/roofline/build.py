@@ -230,7 +230,8 @@ def checks(ceil: Mapping, points: pd.DataFrame | None) -> list[dict]:
                 out.append({"name": f"daxpy_{p['flagset']}", "value": p["intensity_mem"],
                             "ok": abs(ratio - 1) <= 0.10,
                             "text": f"{p['benchmark']} n={p['n']} (warm, footprint "
-                                    f"{p['bytes_footprint'] >> 20} MiB): memory-side intensity "
+                                    f"{int(p['bytes_footprint']) >> 20} MiB): memory-side "
+                                    "intensity "
                                     f"{p['intensity_mem']:.4f} flop/byte vs analytic 1/12 = "
                                     f"0.0833 (2 flops per 3 doubles): {ratio - 1:+.1%} "
                                     "(within 10 %)"})

@@ -91,7 +91,7 @@ def _geom(lo: float, hi: float, n: int) -> list[int]:
 
 def sweep_sizes(levels: Sequence[Mapping], *, per_level: int = 3, per_octave: int = 0,
                 max_factor: float = 8.0, threads: int = 1) -> list[int]:
-    """Working-set sizes (bytes, multiples of 4 KiB): 4 KiB to max_factor x the LLC.
+    """Working-set sizes (bytes, multiples of 1 KiB): 4 KiB to max_factor x the LLC.
 
     per_octave > 0: that many points per doubling over the whole range (big campaigns).
     Otherwise ``per_level`` points well inside each level -- between twice the previous
@@ -112,7 +112,7 @@ def sweep_sizes(levels: Sequence[Mapping], *, per_level: int = 3, per_octave: in
             raw += _geom(max(MIN_BYTES, 2 * prev), share / 2, per_level)
             prev = share
         raw += _geom(min(4 * llc, top), top, per_level)
-    sizes = sorted({max(MIN_BYTES, int(round(s / 4096)) * 4096) for s in raw})
+    sizes = sorted({max(MIN_BYTES, int(round(s / 1024)) * 1024) for s in raw})
     return [s for s in sizes if s <= top * 1.0001]
 
 
@@ -297,8 +297,24 @@ def find_plateaus(sizes: Sequence[int], bpc: Sequence[float], levels: Sequence[M
         plateaus.append(Plateau(label, float(np.median(v[a:b])), float(np.median(g[a:b])),
                                 [int(x) for x in s[a:b]], [float(x) for x in v[a:b]],
                                 int(caps[cap_label]) if cap_label in caps else None, agree))
-    for p, (_a, b) in zip(plateaus[:-1], cuts[:-1], strict=True):
-        p.boundary_bytes = float(math.sqrt(s[b - 1] * s[b]))
+    # neighbouring pieces with one label are one level split by noise: merge them
+    merged: list[Plateau] = []
+    for p in plateaus:
+        if merged and merged[-1].label == p.label:
+            q = merged[-1]
+            n_q, n_p = len(q.sizes), len(p.sizes)
+            q.sizes += p.sizes
+            q.values += p.values
+            q.agreement = (q.agreement * n_q + p.agreement * n_p) / (n_q + n_p)
+            q.bytes_per_cycle = float(np.median(q.values))
+            idx = [int(np.searchsorted(s, x)) for x in q.sizes]
+            q.gbs = float(np.median(g[idx]))
+            q.extra["merged_pieces"] = q.extra.get("merged_pieces", 1) + 1
+        else:
+            merged.append(p)
+    plateaus = merged
+    for p, q in zip(plateaus, plateaus[1:], strict=False):
+        p.boundary_bytes = float(math.sqrt(max(p.sizes) * min(q.sizes)))
     problems = []
     labels = [p.label for p in plateaus]
 
@@ -320,6 +336,7 @@ def find_plateaus(sizes: Sequence[int], bpc: Sequence[float], levels: Sequence[M
     covered = {n for x in labels for n in names[rank(x):names.index(x.split("-")[-1]) + 1]}
     missing = [n for n in names if n not in covered]
     check = {"consistent": not problems, "problems": problems, "pieces": len(cuts),
+             "plateaus": len(plateaus),
              "missing_levels": missing}
     return plateaus, check
 
