@@ -60,7 +60,8 @@ def test_lift_sums_occurrences_times_predictions_and_discards_on_executed_failur
 def test_kernel_table_ipc_and_l1_filter():
     preds = _pred("x", [2.0, 3.0, 1.0, 1.0, 4.0], ["ok"] * 5)
     lifted = evaluate.lift(_blocks(), _counts(), preds)
-    residency = {"a.O2": {"status": "ok", "d1_miss_rate": 0.2, "error": ""},
+    residency = {"a.O2": {"status": "ok", "d1_miss_rate": 0.2, "error": "",
+                          "instructions": 1512, "reps": 3},
                  "b.O3-v3": {"status": "unsupported", "error": "valgrind cannot run (AVX-512)"}}
     k = evaluate.kernel_table(lifted, {"a.O2": 252.0, "b.O3-v3": 31.0}, residency, 0.15)
     k = k.set_index("benchmark")
@@ -69,6 +70,10 @@ def test_kernel_table_ipc_and_l1_filter():
     assert k.loc["a.O2", "excluded"] == ("not L1-resident: 20.0 % D1 misses on a warm cache "
                                          "(> 15 %)")
     assert not k.loc["a.O2", "eligible"]
+    assert k.loc["a.O2", "cachegrind_instructions"] == 504  # 1512 over 3 warm repetitions
+    s = evaluate.summary(k.reset_index(), residency, 0.15)
+    assert (s["instructions_checked"], s["instructions_equal_cachegrind"]) == (1, 1)
+    assert s["excluded_not_l1"] == {"a.O2": 0.2}
     # residency unchecked (Valgrind cannot run it): kept
     assert k.loc["b.O3-v3", "eligible"] and k.loc["b.O3-v3", "cachegrind"] == "unsupported"
     assert k.loc["b.O3-v3", "flagset"] == "O3-v3" and k.loc["b.O3-v3", "kernel"] == "b"

@@ -123,6 +123,11 @@ def kernel_table(lifted: pd.DataFrame, cycles: Mapping[str, float],
         return (residency.get(b) or {}).get(key, default)
 
     t["d1_miss_rate"] = t.benchmark.map(lambda b: float(res(b, "d1_miss_rate", math.nan)))
+    # Cachegrind also counts the kernel function's instructions: an independent check of the
+    # executed instructions derived from the gdb block counts
+    t["cachegrind_instructions"] = t.benchmark.map(
+        lambda b: res(b, "instructions", math.nan) / res(b, "reps", 1)
+        if res(b, "status", "") == "ok" else math.nan)
     t["cachegrind"] = t.benchmark.map(lambda b: str(res(b, "status", "not run")))
     t["cachegrind_error"] = t.benchmark.map(lambda b: str(res(b, "error", "")))
     excluded = []
@@ -225,6 +230,9 @@ def summary(kernels: pd.DataFrame, residency: Mapping[str, Mapping],
         "excluded_not_l1": {r.benchmark: float(r.d1_miss_rate) for r in over.itertuples()},
         "residency_unchecked": {r.benchmark: str(r.cachegrind_error or r.cachegrind)[:200]
                                 for r in unchecked.itertuples()},
+        "instructions_checked": int(base.cachegrind_instructions.notna().sum()),
+        "instructions_equal_cachegrind": int((base.cachegrind_instructions
+                                              == base.instructions).sum()),
         "d1_miss_rate_max_checked": float(base.loc[base.cachegrind == "ok", "d1_miss_rate"].max())
         if (base.cachegrind == "ok").any() else math.nan,
     }

@@ -288,4 +288,10 @@ def residency_note(summary: Mapping) -> str:
         if other:
             parts.append(f"{len(other)} not checked for another reason "
                          f"({esc(', '.join(sorted(other)))}; see the kernels table)")
-    return "; ".join(parts) + "."
+    text = "; ".join(parts) + "."
+    if summary.get("instructions_checked"):
+        text += (f" Executed instructions (gdb block occurrences × block sizes) equal "
+                 f"Cachegrind's count for the kernel function in "
+                 f"{summary.get('instructions_equal_cachegrind', 0)} of "
+                 f"{summary['instructions_checked']} checked benchmarks.")
+    return text
