@@ -69,3 +69,18 @@ def test_residency_note_names_unchecked_and_excluded():
                     "2 benchmarks checked; 1 excluded above 15 % (big.O2 31.0 %); 1 not checked "
                     "because Valgrind 3.19 cannot run AVX-512 code (x.O3-native); they are "
                     "kept.")
+
+
+def test_kernel_details_list_executed_blocks_with_each_answer(tmp_path):
+    kernels, metrics, status, preds = _inputs()
+    blocks = pd.DataFrame({"benchmark": ["k0.O2", "k0.O2"], "block_id": [0, 1],
+                           "insns": [["add %rax, %rbx"], ["vaddpd %ymm0, %ymm1, %ymm2"]]})
+    counts = pd.DataFrame({"benchmark": ["k0.O2", "k0.O2"], "block_id": [0, 1],
+                           "occurrences": [1, 0]})
+    html = report.build_report(title="t", header={}, metrics=metrics, kernels=kernels,
+                               predictions=preds, analyzers=status, blocks=blocks,
+                               counts=counts)
+    assert "<details><summary>k0.O2: 1 executed blocks of 2</summary>" in html
+    assert ('<tr><td class="num">0</td><td class="num">1</td><td><code>add %rax, %rbx</code>'
+            '</td><td class="num">1.00</td></tr>') in html
+    assert "vaddpd" not in html  # block 1 never runs

@@ -201,6 +201,48 @@ def _kernels_section(kernels: pd.DataFrame, analyzers: Sequence[str]) -> Section
                    "</p>", "kernels")
 
 
+def _details_section(blocks: pd.DataFrame, counts: pd.DataFrame, predictions: pd.DataFrame,
+                     analyzers: Sequence[str]) -> Section:
+    """Per benchmark (collapsed): every executed block with its occurrences, instructions and
+    each analyzer's cycles per execution or failure."""
+    if blocks is None or blocks.empty:
+        return Section("Kernel details", "<p>No blocks.</p>", "details")
+    b = blocks.merge(counts[["benchmark", "block_id", "occurrences"]],
+                     on=["benchmark", "block_id"], how="left")
+    b["occurrences"] = b["occurrences"].fillna(0).astype("int64")
+    p = predictions.set_index(["analyzer", "benchmark", "block_id"]).sort_index()
+    parts = []
+    for bench, g in b.groupby("benchmark", sort=True):
+        ex = g[g.occurrences > 0].sort_values("block_id")
+        head = ("<tr><th>block</th><th>occurrences</th><th>instructions</th>"
+                + "".join(f"<th>{esc(a)} cycles</th>" for a in analyzers) + "</tr>")
+        rows = []
+        for r in ex.itertuples(index=False):
+            code = "<br>".join(esc(i) for i in list(r.insns))
+            cells = [f'<td class="num">{int(r.block_id)}</td>',
+                     f'<td class="num">{int(r.occurrences)}</td>', f"<td><code>{code}</code></td>"]
+            for a in analyzers:
+                key = (a, bench, int(r.block_id))
+                if key not in p.index:
+                    cells.append("<td></td>")
+                    continue
+                q = p.loc[key]
+                q = q.iloc[0] if isinstance(q, pd.DataFrame) else q
+                if q.status == "ok":
+                    note = f' title="{esc(q.error)}"' if q.error else ""
+                    mark = " *" if q.error else ""
+                    cells.append(f'<td class="num"{note}>{_fmt(float(q.cycles), 2)}{mark}</td>')
+                else:
+                    cells.append(f'<td class="fail">{esc(str(q.error)[:200])}</td>')
+            rows.append(f"<tr>{''.join(cells)}</tr>")
+        parts.append(f"<details><summary>{esc(bench)}: {len(ex)} executed blocks of "
+                     f"{len(g)}</summary><table><thead>{head}</thead><tbody>{''.join(rows)}"
+                     "</tbody></table></details>")
+    return Section("Kernel details", "<p class=\"muted\">Executed blocks of each benchmark "
+                   "(instructions as the analyzers saw them; * an analyzer ignored something, "
+                   "hover for what).</p>" + "".join(parts), "details")
+
+
 def _failures_section(predictions: pd.DataFrame) -> Section:
     if predictions.empty:
         return Section("Block failures", "<p>No predictions.</p>", "failures")
@@ -234,11 +276,14 @@ def _failures_section(predictions: pd.DataFrame) -> Section:
 def build_report(*, title: str, header: Mapping[str, str], metrics: pd.DataFrame,
                  kernels: pd.DataFrame, predictions: pd.DataFrame,
                  analyzers: Mapping[str, Mapping], notes: Sequence[str] = (),
-                 extra_sections: Sequence[Section] = ()) -> str:
+                 extra_sections: Sequence[Section] = (), blocks: pd.DataFrame | None = None,
+                 counts: pd.DataFrame | None = None) -> str:
     """The whole report as one HTML string.
 
     ``analyzers``: name -> {"status": "ran" | "not run" | "unavailable", "reason",
     "description"}, in table order. ``extra_sections`` come after the evaluation sections.
+    With ``blocks`` (analyzer inputs: benchmark, block_id, insns) and ``counts``, a per-kernel
+    details section lists every executed block with each analyzer's answer.
     """
     ran = [n for n, i in analyzers.items() if i.get("status") == "ran"]
     plots = "".join(scatter_plot(kernels, a) for a in ran) if len(kernels) else ""
@@ -246,6 +291,9 @@ def build_report(*, title: str, header: Mapping[str, str], metrics: pd.DataFrame
         _metrics_section(metrics, analyzers),
         Section("Predicted vs measured", plots or "<p>No kernel.</p>", "plots"),
         _kernels_section(kernels, ran),
+        *([_details_section(blocks, counts, predictions,
+                            [a for a in ran if a in set(predictions.analyzer)])]
+          if blocks is not None and counts is not None else []),
         _failures_section(predictions),
         *extra_sections,
     ]

@@ -138,6 +138,8 @@ rule eval_report:
         metrics=EVAL_METRICS,
         metrics_json=EVAL_METRICS_JSON,
         predictions=eval_predictions,
+        blocks=eval_benchmark_files(EVAL_BLOCKS),
+        counts=eval_benchmark_files(EVAL_COUNTS),
         machine=MACHINE_JSON,
         # evaluated when the DAG is built, after every rule file extended the list
         extra=lambda wildcards: [p.format(mid=wildcards.mid) for p in EVAL_REPORT_EXTRA],

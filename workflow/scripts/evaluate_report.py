@@ -17,6 +17,7 @@ redirect_output(snakemake.log[0])
 
 import pandas as pd  # noqa: E402
 
+from cpumap import analyzers as A  # noqa: E402
 from cpumap import io, report  # noqa: E402
 
 kernels = pd.read_csv(snakemake.input.kernels, sep="\t", keep_default_na=True)
@@ -41,10 +42,18 @@ header = {
     "analyzer input": ("each block without its terminating control-flow instruction"
                        if cfg.get("drop_terminator", True) else "each whole block"),
 }
+# the instructions every analyzer was given (terminator dropped or not, as configured)
+inputs = A.block_inputs(pd.concat([io.read_parquet_checked(p) for p in snakemake.input.blocks],
+                                  ignore_index=True), cfg.get("drop_terminator", True))
+blocks = pd.DataFrame({"benchmark": [b.benchmark for b in inputs],
+                       "block_id": [b.block_id for b in inputs],
+                       "insns": [list(b.insns) for b in inputs]})
+counts = pd.concat([io.read_parquet_checked(p) for p in snakemake.input.counts],
+                   ignore_index=True)
 notes = [report.residency_note(s)]
 extra = [report.fragment_section(p) for p in snakemake.input.extra]
 report.write_report(snakemake.output.html, title="cpumap: code analyzers on real kernels",
                     header=header, metrics=metrics, kernels=kernels, predictions=predictions,
                     analyzers={a["name"]: a for a in mj["analyzers"]}, notes=notes,
-                    extra_sections=extra)
+                    extra_sections=extra, blocks=blocks, counts=counts)
 print(f"wrote {snakemake.output.html}")
