@@ -389,3 +389,20 @@ def test_level_order_check():
     rec = build.level_order_check(bw)["one_core"]
     assert rec["order"] == ["L1", "L2", "L3", "DRAM"] and not rec["strictly_decreasing"]
     assert math.isclose(rec["values"][0], 60)
+
+
+def test_cli_compute_only(tmp_path):
+    """cpumap roofline --no-sweep: measured compute ceilings, ceilings.json, plots, checks."""
+    from cpumap import cli
+
+    out = tmp_path / "roof"
+    rc = cli.main(["--results", str(tmp_path / "results"), "roofline", "--no-sweep", "--quick",
+                   "--out", str(out), "--json"])
+    assert rc == 0
+    ceil = json.loads((out / "ceilings.json").read_text())
+    assert ceil["bandwidth"] == {} and ceil["clock"]["calib_ratio_sweep"] is None
+    ok = [v for v in ceil["compute"]["variants"] if v["status"] == "ok"]
+    assert {v["operation"] for v in ok} == {"add", "mul", "fma", "add+mul", "fma+add"}
+    assert all(v["one_core"]["flops_per_cycle"] > 0 for v in ok)
+    assert (out / "plots" / "compute_ceilings.png").exists()
+    assert (out / "section.html").read_text().startswith("<h2>Roofline</h2>")

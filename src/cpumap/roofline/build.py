@@ -154,13 +154,14 @@ def level_order_check(bw: Mapping) -> dict:
     return out
 
 
-def make_ceilings(compute: Mapping, sweep_rows: pd.DataFrame, machine: Mapping,
+def make_ceilings(compute: Mapping, sweep_rows: pd.DataFrame | None, machine: Mapping,
                   cfg: Mapping) -> dict:
-    """ceilings.json from compute.json and the sweep rows (no measuring)."""
-    bw = bandwidth_section(sweep_rows, machine, cfg)
+    """ceilings.json from compute.json and the sweep rows (no measuring; None: no sweep)."""
+    have_sweep = sweep_rows is not None and len(sweep_rows) > 0
+    bw = bandwidth_section(sweep_rows, machine, cfg) if have_sweep else {}
     ghz = tsc_ghz(machine)
     ratio_c = compute.get("calib_ratio_median")
-    ratio_s = float(np.median(sweep_rows["calib_ratio"])) if len(sweep_rows) else None
+    ratio_s = float(np.median(sweep_rows["calib_ratio"])) if have_sweep else None
     clock = {
         "kind": ",".join(compute.get("clock") or []) or "tsc-calibrated",
         "cycles": "TSC ticks x core cycles per tick, calibrated on a dependent add chain "

@@ -271,7 +271,8 @@ def compute_plot(ceil: Mapping, out_dir: Path, name: str = "compute_ceilings") -
 
 def all_plots(ceil: Mapping, points: pd.DataFrame | None, out_dir: Path) -> list[Path]:
     """Every figure of the roofline stage; returns the written paths."""
-    paths = sweep_plot(ceil, out_dir) + compute_plot(ceil, out_dir)
+    paths = sweep_plot(ceil, out_dir) if ceil.get("bandwidth") else []
+    paths += compute_plot(ceil, out_dir)
     if points is None or not len(points):
         paths += roofline(pd.DataFrame(columns=["status", "perf_q", "intensity_mem"]), ceil,
                           out_dir, "roofline_mem", "roofline (no kernel points)", "mem")

@@ -99,9 +99,11 @@ def section_html(ceil: Mapping, points: pd.DataFrame | None, plots_dir: Path,
              f"<p>{html.escape(ceil['bytes_convention'])}.</p>",
              _table(["scope", "kind", "level", "B/cycle", "GB/s", "working sets", "fit"],
                     bandwidth_rows(ceil)),
-             _img(plots_dir / "bandwidth_sweep.png",
-                  "Bandwidth over the working set; shaded: detected plateaus; dotted: cache "
-                  "capacities (per thread).")]
+             ]
+    if (plots_dir / "bandwidth_sweep.png").exists():
+        parts.append(_img(plots_dir / "bandwidth_sweep.png",
+                          "Bandwidth over the working set; shaded: detected plateaus; dotted: "
+                          "cache capacities (per thread)."))
     if checks:
         parts.append("<h3>Checks</h3><ul>" + "".join(
             f"<li>{'✔' if c['ok'] else '✘'} {html.escape(c['text'])}</li>" for c in checks)
