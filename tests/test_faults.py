@@ -1,5 +1,5 @@
 """Faults: a killed run resumes without re-measuring, damaged parts are named, bad configs are
-rejected with the key named. (Analyzer crashes and hangs: tests/test_evaluate*.py.)"""
+rejected with the key named. (Analyzer crashes and hangs: tests/test_analyzers.py.)"""
 
 from __future__ import annotations
 
@@ -106,6 +106,50 @@ def test_killed_run_resumes_without_remeasuring(tmp_path: Path, host: dict) -> N
     for name in before:
         assert f"batch={name.removeprefix('part-singletons-').removesuffix('.parquet')}" \
             not in resumed
+
+
+def test_model_killed_mid_fit_resumes_from_stored_kernels(tmp_path: Path) -> None:
+    """SIGKILL while Palmed is storing its kernels stage by stage (config/simulated.yaml): the
+    resumed fit measures exactly the kernels that were not stored, and no stored part changes."""
+    cfg = yaml.safe_load((ROOT / "config" / "simulated.yaml").read_text())
+    cfg["results_dir"] = str(tmp_path / "results")
+    cfgfile = tmp_path / "config.yaml"
+    cfgfile.write_text(yaml.safe_dump(cfg))
+    out = open(tmp_path / "killed-run.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", "--configfile", str(cfgfile)], cwd=ROOT,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    killed = False
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            dbs = list((tmp_path / "results").glob("*/db"))
+            if dbs and len(list(dbs[0].glob("part-palmed*.parquet"))) >= 3:
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None and not killed:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        out.close()
+    assert killed, (tmp_path / "killed-run.log").read_text()[-3000:]
+    (mdir,) = (tmp_path / "results").iterdir()
+    assert not (mdir / "model" / "model.json").exists()
+    before = {p.name: p.read_bytes() for p in (mdir / "db").glob("*.parquet")}
+    db.load(mdir / "db")  # every stored part is complete
+    assert _run(cfgfile, "--unlock").returncode == 0
+    proc2 = _run(cfgfile)
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    after = {p.name: p.read_bytes() for p in (mdir / "db").glob("*.parquet")}
+    assert {k: after[k] for k in before} == before
+    fit_log = (mdir / "logs" / "fit_model.log").read_text()
+    measured_now = int(re.search(r"measured now (\d+)", fit_log).group(1))
+    new_parts = [mdir / "db" / k for k in after if k not in before and k.startswith("part-palmed")]
+    # a simulated kernel is one row: the resumed fit measured exactly the new parts' kernels
+    assert measured_now == len(db.load_parts(new_parts)) > 0
+    assert measured_now < json.loads((mdir / "model" / "stats.json").read_text())[
+        "total_kernels"]
 
 
 @pytest.fixture(scope="module")
