@@ -26,7 +26,7 @@ DEFAULTS: dict = {
     "cpus": None,
     "compute_bench": {"num_measures": 10, "rounds": 5},
     "sweep": {"kinds": list(sweep.KINDS), "per_level": 3, "per_octave": 0, "max_factor": 8.0,
-              "reps": 3, "rounds": 2, "min_ms": 5.0, "quiet_reps": 2, "max_reps": 12,
+              "reps": 3, "rounds": 2, "min_ms": 1.0, "quiet_reps": 3, "max_reps": 20,
               "min_step": 0.08},
 }
 

@@ -160,9 +160,10 @@ def roofline(points: pd.DataFrame, ceil: Mapping, out_dir: Path, name: str, titl
     ax.grid(True, which="both", alpha=0.25)
     if series:
         ax.legend(fontsize=7, loc="center right", ncol=1 if len(series) < 8 else 2)
-    ax.text(0.01, 0.99, "boxes: quartiles of K repetitions, whiskers: min/max; dashed grey: "
-            "equal n across implementations", transform=ax.transAxes, va="top", fontsize=7,
-            color="0.35")
+    fig.text(0.01, -0.02, "boxes: quartiles of the K repetitions' performance, whiskers: "
+             "min/max; solid lines: one implementation over n; dashed grey: equal n across "
+             "implementations; missing points: no memory-side bytes (see the table)",
+             fontsize=7, color="0.35", va="top")
     return save(fig, out_dir, name)
 
 

@@ -11,8 +11,8 @@ name (copy 2 x its array, triad 3 x); the extra line fills of write-allocate are
 
 Plateaus: the sweep curve (log bandwidth over sizes in increasing order) is cut into k
 constant pieces by exact least squares (dynamic programming); k is the largest number, at most
-one per cache level plus DRAM, for which neighbouring pieces differ by at least
-``min_step``.  Each piece is labelled with the cache level most of its working sets fit in
+one per cache level plus DRAM plus two, for which neighbouring pieces differ by at least
+``min_step``; neighbouring pieces that get the same label are then merged.  Each piece is labelled with the cache level most of its working sets fit in
 (the level's capacity as the machine reports it, divided among the threads that share it),
 and the labels are checked: one piece per label, in level order, bandwidth falling level by
 level, and the agreement of the members with their label recorded.
@@ -267,7 +267,10 @@ def find_plateaus(sizes: Sequence[int], bpc: Sequence[float], levels: Sequence[M
     v = np.asarray(bpc, dtype=float)[order]
     g = np.asarray(gbs if gbs is not None else bpc, dtype=float)[order]
     logv = np.log(v)
-    kmax = min(len(s), len(levels) + 1)
+    # up to two pieces more than levels: a noisy level (DRAM under load) may take two or
+    # three pieces of its own instead of forcing two real levels into one; pieces that get
+    # one label are merged below
+    kmax = min(len(s), len(levels) + 3)
     cuts: list[tuple[int, int]] = [(0, len(s))]
     for k in range(kmax, 0, -1):
         cand = segment(logv, k)
