@@ -12,10 +12,11 @@ name (copy 2 x its array, triad 3 x); the extra line fills of write-allocate are
 Plateaus: the sweep curve (log bandwidth over sizes in increasing order) is cut into k
 constant pieces by exact least squares (dynamic programming); k is the largest number, at most
 one per cache level plus DRAM plus two, for which neighbouring pieces differ by at least
-``min_step``; neighbouring pieces that get the same label are then merged.  Each piece is labelled with the cache level most of its working sets fit in
-(the level's capacity as the machine reports it, divided among the threads that share it),
-and the labels are checked: one piece per label, in level order, bandwidth falling level by
-level, and the agreement of the members with their label recorded.
+``min_step``.  Each piece is labelled with the cache level most of its working sets fit in
+(the level's capacity as the machine reports it, divided among the threads that share it);
+neighbouring pieces with one label are merged; and the labels are checked: one piece per
+label, in level order, bandwidth falling level by level, and the agreement of the members
+with their label recorded.
 """
 
 from __future__ import annotations
