@@ -90,7 +90,6 @@ rule eval_predict_native:
 rule eval_cachegrind:
     input:
         binary=suite_binary,
-        cycles=EVAL_CYCLES,
     output:
         result=EVAL_CACHEGRIND,
     log:
@@ -98,6 +97,8 @@ rule eval_cachegrind:
     wildcard_constraints:
         bench=r"[A-Za-z0-9_]+\.[A-Za-z0-9_+-]+",
     params:
+        # the problem size the cycles are measured with (suite.n, else the driver's default)
+        n=lambda wildcards: config["suite"]["n"].get(wildcards.bench.partition(".")[0]),
         reps=EVAL["cachegrind_reps"],
         timeout_s=EVAL["cachegrind_timeout_s"],
     threads: 1

@@ -1,7 +1,7 @@
 """Rule eval_cachegrind: warm-cache D1 miss rate of one benchmark's kernel function.
 
-Runs the binary with the problem size its cycles were measured with (evaluate/cycles), so the
-residency check is about the same run.
+Runs the binary with the problem size its cycles are measured with (suite.n, or the driver's
+default), so the residency check is about the same run.
 """
 
 import json
@@ -17,13 +17,10 @@ redirect_output(snakemake.log[0])
 
 from cpumap import cachegrind, io  # noqa: E402
 
-with open(snakemake.input.cycles, encoding="utf-8") as handle:
-    cycles = json.load(handle)
 meta_path = Path(f"{snakemake.input.binary}.json")
 meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-function = cycles.get("function") or meta.get("function") or (
-    "kernel_" + snakemake.wildcards.bench.partition(".")[0])
-args = ["--n", str(int(cycles["n"]))] if cycles.get("n") else []
+function = meta.get("function") or "kernel_" + snakemake.wildcards.bench.partition(".")[0]
+args = ["--n", str(int(snakemake.params.n))] if snakemake.params.n else []
 result = cachegrind.warm_miss_rate(snakemake.input.binary, function, args,
                                    reps=int(snakemake.params.reps),
                                    timeout_s=float(snakemake.params.timeout_s))
