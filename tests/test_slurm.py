@@ -34,6 +34,12 @@ pytestmark = pytest.mark.skipif(
     reason="needs root: the test starts slurmd, which runs jobs as their user (CI runs as root)")
 
 
+def _which(name: str) -> str | None:
+    """Path of a Slurm or munge program; daemons live in /usr/sbin, often not on PATH."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -42,7 +48,8 @@ def _free_port() -> int:
 
 def _node_line() -> str:
     """``NodeName=... CPUs=... RealMemory=...`` of this machine, as slurmd -C reports it."""
-    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True,
+                         check=True).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("NodeName="))
     return line
 
@@ -69,7 +76,7 @@ def _stop(proc: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def local_slurm(base: Path) -> Iterator[dict]:
     """A one-node Slurm cluster on this machine; yields the environment that talks to it."""
-    missing = [d for d in DAEMONS if shutil.which(d) is None and not Path("/usr/sbin", d).exists()]
+    missing = [d for d in DAEMONS if _which(d) is None]
     if missing:
         pytest.fail(f"Slurm is not installed (missing {', '.join(missing)}): run "
                     "scripts/install-slurm.sh")
@@ -112,26 +119,27 @@ def local_slurm(base: Path) -> Iterator[dict]:
     # cluster keeps slurm.conf in /etc/slurm, this test keeps it in a temporary directory, so
     # srun is reached through a wrapper that sets it again.
     wrapper = base / "bin" / "srun"
-    wrapper.write_text(f"#!/bin/sh\nexport SLURM_CONF={conf}\nexec {shutil.which('srun')} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nexport SLURM_CONF={conf}\nexec {_which('srun')} \"$@\"\n")
     wrapper.chmod(0o755)
     env["PATH"] = f"{base / 'bin'}:{env['PATH']}"
     started: list[subprocess.Popen] = []
     munged_pid = None
     try:
-        subprocess.run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
+        subprocess.run([_which("munged"), "--force", f"--socket={sock}", f"--key-file={key}",
                         f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
                         f"--seed-file={munge / 'seed'}"], check=True, timeout=30)
         munged_pid = int((munge / "munged.pid").read_text())
         for daemon in ("slurmctld", "slurmd"):
             log = open(base / "log" / f"{daemon}.out", "wb")  # noqa: SIM115 (kept by Popen)
-            started.append(subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env,
+            started.append(subprocess.Popen([_which(daemon), "-D", "-f", str(conf)], env=env,
                                             stdout=log, stderr=subprocess.STDOUT))
 
         def idle() -> bool:
             for proc in started:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}: "
-                                       f"{(base / 'log').glob('*')}")
+                    name = Path(proc.args[0]).name
+                    tail = (base / "log" / f"{name}.out").read_text()[-2000:]
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
             out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
                                  text=True)
             return out.returncode == 0 and out.stdout.strip() == "idle"
