@@ -48,6 +48,15 @@ def test_rip_relative_operands_stay_relative():
         A.render_att(["4883"], 0)
 
 
+def test_a_block_that_cannot_be_rendered_fails_for_every_analyzer(blocks):
+    bad = blocks.iloc[[1]].copy()
+    bad["hexes"] = [["4883"]]  # truncated instruction
+    (b,) = A.block_inputs(bad)
+    assert b.error == "cannot render the block: bytes 4883 at 0xb are not one instruction"
+    res = A.predict_blocks(A.LlvmMca(), [b])
+    assert res[b.key].status == "failed" and res[b.key].error == b.error
+
+
 def test_llvm_mca_steady_state_cycles(inputs):
     mca = A.LlvmMca(cpu="znver4", iterations=100)
     res = mca.predict(inputs)

@@ -57,7 +57,7 @@ else:
     raise ValueError(f"unknown analyzer {name!r}")
 
 t0 = time.monotonic()
-results = analyzer.predict(blocks)
+results = A.predict_blocks(analyzer, blocks)
 seconds = time.monotonic() - t0
 df = A.predictions_frame(name, blocks, results)
 for path in snakemake.output.predictions:

@@ -29,6 +29,7 @@ import pandas as pd
 
 __all__ = [
     "BatchError",
+    "predict_blocks",
     "BlockInput",
     "PREDICTION_COLUMNS",
     "Result",
@@ -79,6 +80,7 @@ class BlockInput:
     insns: tuple[str, ...]  # AT&T text, terminator dropped if so configured
     forms: tuple[str, ...]  # catalogue form of each of those instructions, "" when none
     n_insns: int  # instructions of the whole block, terminator included
+    error: str = ""  # why the block could not be prepared (every analyzer fails it with this)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -90,7 +92,12 @@ def block_inputs(blocks: pd.DataFrame, drop_terminator: bool = True) -> list[Blo
     out = []
     for row in blocks.sort_values(["benchmark", "block_id"]).itertuples(index=False):
         hexes, forms = list(row.hexes), list(row.forms)
-        insns = render_att(hexes, int(row.address))
+        try:
+            insns = render_att(hexes, int(row.address))
+        except ValueError as exc:
+            out.append(BlockInput(str(row.benchmark), int(row.block_id), (), (),
+                                  int(row.n_insns), f"cannot render the block: {exc}"))
+            continue
         if drop_terminator and row.terminator and insns:
             insns, forms = insns[:-1], forms[:-1]
         out.append(BlockInput(str(row.benchmark), int(row.block_id), tuple(insns),
@@ -219,3 +226,12 @@ def run_batched(blocks: Sequence[BlockInput],
                 half = len(rest) // 2
                 todo += [rest[half:], rest[:half]]
     return results
+
+
+def predict_blocks(analyzer, blocks: Sequence[BlockInput]) -> dict[tuple[str, int], Result]:
+    """``analyzer.predict`` on the blocks that could be prepared; the others fail with the
+    reason they could not."""
+    good = [b for b in blocks if not b.error]
+    out = analyzer.predict(good) if good else {}
+    out.update({b.key: failed(b.error) for b in blocks if b.error})
+    return out
