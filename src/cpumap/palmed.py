@@ -77,6 +77,14 @@ __all__ = [
 
 #: From this tolerance on, measurements are treated as noisy: inconsistent bounds are dropped.
 NOISY_TOL = 0.01
+#: Noisy per-form LPs: cost of exceeding an upper bound, relative to a tightness residual.
+SOFT_UPPER = 3.0
+#: Noisy per-form LPs: upper bounds only from kernels where the form alone would take at least
+#: this share of the measured time (elsewhere the other forms' modelled load, with its errors,
+#: decides the bound: errors of a few % of a large load crushed the form's uses to zero).
+MIN_SHARE = 0.25
+#: Noisy per-form LPs: weight of the singleton's tightness against one mix kernel's.
+SINGLETON_WEIGHT = 4.0
 
 Kernel = dict[str, int]
 Measurements = Mapping[str, float]
@@ -310,11 +318,12 @@ class _LPStats:
 
 
 def _solve(c: np.ndarray, a_ub: Any, b_ub: np.ndarray, a_eq: Any, b_eq: np.ndarray,
-           ub: np.ndarray, stats: _LPStats) -> np.ndarray:
+           ub: np.ndarray, stats: _LPStats, lb: np.ndarray | None = None) -> np.ndarray:
     t0 = time.perf_counter()
     res = linprog(c, A_ub=a_ub if len(b_ub) else None, b_ub=b_ub if len(b_ub) else None,
                   A_eq=a_eq if len(b_eq) else None, b_eq=b_eq if len(b_eq) else None,
-                  bounds=np.stack([np.zeros_like(ub), ub], axis=1), method="highs")
+                  bounds=np.stack([np.zeros_like(ub) if lb is None else lb, ub], axis=1),
+                  method="highs")
     stats.solves += 1
     stats.seconds += time.perf_counter() - t0
     if res.status != 0:
@@ -343,6 +352,7 @@ class Core:
     defining: list[Kernel]  # one defining kernel per resource, in discovery order
     rho: dict[str, dict[int, float]]  # form -> resource index -> use
     tests: list[str] = field(default_factory=list)
+    t_defining: list[float] = field(default_factory=list)  # construction times (see _Res)
 
     @property
     def n_resources(self) -> int:
@@ -351,11 +361,15 @@ class Core:
 
 @dataclass
 class Step:
-    """What a stage returns: kernels still to measure (``need``), or ``done`` and ``result``."""
+    """What a stage returns: kernels still to measure (``need``), or ``done`` and ``result``.
+
+    ``state`` holds the resources found so far as tuples (defining kernel, construction time,
+    ...); pass it back with the next call.
+    """
 
     need: list[str]
     result: Any = None
-    state: list[Kernel] = field(default_factory=list)
+    state: list[Any] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -375,6 +389,26 @@ def _saturating(defining: Kernel, t_def: float, target: float, max_kernel: int) 
     d = _reduce(defining)
     cap = max(1, (max_kernel // 4) // sum(d.values()))
     return _scale(d, max(1, min(cap, math.ceil(target / t_def - 1e-9))))
+
+
+def _sat_est(defining: Kernel, t_def: float, target: float,
+             max_kernel: int) -> tuple[Kernel, float]:
+    """The saturating kernel of a resource and its *construction* time.
+
+    Kernels are built from construction times, never from the measurement of the kernel being
+    extended: the saturating kernel SK = d^s takes about s t(d), so SK and all its mixes can be
+    chosen, and measured, in the same round as the resource is found (one measurement round per
+    resource instead of three; on hardware every round starts the harness ``bench.rounds``
+    times). The fit itself only uses measured values.
+    """
+    sk = _saturating(defining, t_def, target, max_kernel)
+    return sk, t_def * sum(sk.values()) / max(1, sum(defining.values()))
+
+
+def _source_time(k: Mapping[str, int], meas: Measurements) -> tuple[Kernel, float]:
+    """(reduced kernel, its construction time) of a measured kernel k = g x reduced."""
+    d = _reduce(k)
+    return d, meas[_text(k)] * sum(d.values()) / sum(k.values())
 
 
 def _mix_texts(sk: Kernel, t_sk: float, forms: Sequence[str], singletons: Mapping[str, float],
@@ -474,7 +508,7 @@ def _redesignate(rows: list[_Row], fixed: list[int | None], rho: Mapping[str, Ma
 
 
 def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
-             meas: Measurements, *, state: Sequence[Mapping[str, int]] = (),
+             meas: Measurements, *, state: Sequence[tuple[Mapping[str, int], float]] = (),
              config: PalmedConfig | None = None, log: Log = _nolog,
              lp_stats: _LPStats | None = None) -> Step:
     """Stage 4: the core mapping of the basic instructions (cutting plane + joint LP).
@@ -498,7 +532,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
     need = sorted({t for t in test_texts if t not in meas})
     if need:
         return Step(need=need, state=list(state))
-    defining = [dict(k) for k in state]
+    defining = [(dict(k), float(t)) for k, t in state]
     while True:
         # kernels of every resource found so far must be measured before fitting
         need_set: set[str] = set()
@@ -507,24 +541,18 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         for k in tests:
             rows.append(_Row(k, meas[_text(k)], None))
             fixed.append(None)
-        for r, d in enumerate(defining):
-            t_def = meas.get(_text(d))
-            if t_def is None:
-                need_set.add(_text(d))
-                continue
-            sk = _saturating(d, t_def, target, cfg.max_kernel)
-            if _text(sk) not in meas:
-                need_set.add(_text(sk))
-                continue
-            texts = _mix_texts(sk, meas[_text(sk)], bas, singletons, cfg.betas, cfg.max_kernel)
-            need_set |= {t for t in texts if t not in meas}
-            if need_set:
+        for r, (d, t_def) in enumerate(defining):
+            sk, t_sk = _sat_est(d, t_def, target, cfg.max_kernel)
+            texts = _mix_texts(sk, t_sk, bas, singletons, cfg.betas, cfg.max_kernel)
+            missing = {t for t in texts if t not in meas}
+            if missing:
+                need_set |= missing
                 continue
             rows.append(_Row(sk, meas[_text(sk)], r))
             fixed.append(r)
             for b in bas:
                 for beta in cfg.betas:
-                    base, k = mix(sk, meas[_text(sk)], b, singletons[b], beta, cfg.max_kernel)
+                    base, k = mix(sk, t_sk, b, singletons[b], beta, cfg.max_kernel)
                     rows.append(_Row(base, meas[_text(base)], r))
                     fixed.append(r)
                     rows.append(_Row(k, meas[_text(k)], r))
@@ -534,22 +562,25 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         rho = _fit_core_rho(bas, rows, fixed, len(defining), t_ref, cfg, stats)
         # cutting plane: the most under-predicted test defines a missing resource
         worst: tuple[float, str, Kernel] | None = None
-        used = {_text(_reduce(d)) for d in defining}
+        used = {_text(_reduce(d)) for d, _ in defining}
         for k in tests:
             m = meas[_text(k)]
             pred = float(_predict(rho, len(defining), k).max()) if defining else 0.0
             gap = (m - pred) / m
-            if gap > cfg.tol and _text(_reduce(k)) not in used:
+            # twice the tolerance: the measurement and the fitted model both carry noise; a
+            # resource defined by noise would mislead every later stage
+            if gap > 2 * cfg.tol and _text(_reduce(k)) not in used:
                 key = (-round(gap, 9), _text(k), k)
                 if worst is None or key[:2] < (worst[0], worst[1]):
                     worst = (key[0], key[1], k)
         if worst is None or len(defining) >= cfg.max_resources:
             log(f"core: {len(defining)} resources over {len(bas)} basic instructions")
-            core = Core(basic=bas, defining=defining, rho=rho, tests=test_texts)
+            core = Core(basic=bas, defining=[d for d, _ in defining], rho=rho, tests=test_texts,
+                        t_defining=[t for _, t in defining])
             return Step(need=[], result=core, state=defining)
         log(f"core: resource R{len(defining):02d} from {worst[1]} "
             f"(under-predicted by {-worst[0]:.1%})")
-        defining.append(_reduce(worst[2]))
+        defining.append(_source_time(worst[2], meas))
 
 
 def _fit_core_rho(bas: list[str], rows: list[_Row], fixed: list[int | None], n_res: int,
@@ -575,27 +606,25 @@ def _fit_core_rho(bas: list[str], rows: list[_Row], fixed: list[int | None], n_r
 
 
 def select_saturating(core: Core, meas: Measurements, singletons: Mapping[str, float],
-                      config: PalmedConfig | None = None) -> list[Kernel]:
+                      config: PalmedConfig | None = None) -> list[tuple[Kernel, float]]:
     """Stage 5: one saturating kernel per resource: its defining kernel scaled so that it takes
     about ``sat_factor`` times the slowest basic form (large enough for balanced mixes with
-    integer counts)."""
+    integer counts), with its construction time (``_sat_est``)."""
     cfg = config or PalmedConfig()
     target = cfg.sat_factor * max(singletons[b] for b in core.basic)
-    return [_saturating(d, meas[_text(d)], target, cfg.max_kernel) for d in core.defining]
+    return [_sat_est(d, t, target, cfg.max_kernel)
+            for d, t in zip(core.defining, core.t_defining, strict=True)]
 
 
-def select_mapping_kernels(saturating: Sequence[Mapping[str, int]], forms: Sequence[str],
-                           singletons: Mapping[str, float], meas: Measurements,
-                           config: PalmedConfig | None = None) -> list[str]:
-    """Stage 6: every form against every saturating kernel at each proportion of ``betas``
-    (and each scaled SK^s alone, the base of the difference): linear in the number of forms."""
+def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]],
+                           forms: Sequence[str], singletons: Mapping[str, float],
+                           meas: Measurements, config: PalmedConfig | None = None) -> list[str]:
+    """Stage 6: every form against every saturating kernel (with its construction time) at
+    each proportion of ``betas`` (and each scaled SK^s alone, the base of the difference):
+    ``|R| (1 + 2 len(betas))`` kernels per form at most, linear in the number of forms."""
     cfg = config or PalmedConfig()
     out: set[str] = set()
-    for sk in saturating:
-        t_sk = meas.get(_text(sk))
-        if t_sk is None:
-            out.add(_text(sk))
-            continue
+    for sk, t_sk in saturating:
         out |= set(_mix_texts(dict(sk), t_sk, sorted(forms), singletons, cfg.betas,
                               cfg.max_kernel))
     return sorted(t for t in out if t not in meas)
@@ -605,36 +634,58 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
              n_res: int, meas: Measurements, tol: float, stats: _LPStats) -> dict[int, float]:
     """The small LP of one remaining form (Palmed's per-instruction LP).
 
-    Variables: x[r] >= 0, the form's use of resource r; e+[k], e-[k] >= 0 per designated kernel.
+    Variables: x[r] >= 0, the form's use of resource r; e+[k], e-[k] >= 0 per designated kernel;
+    with noisy measurements (tol >= NOISY_TOL) also u[k] >= 0 per kernel.
     Every other form's uses are fixed (core LP, or the previous refinement round).
     For every measured kernel k containing the form c = sigma(k, form) times:
-      * upper bounds: base(k, r) + c x[r] <= M(k) (1 + tol) for every r, where base(k, r) is the
-        other forms' load of r;
+      * upper bounds: base(k, r) + c x[r] <= M(k) (1 + tol) + u[k] for every r, where
+        base(k, r) is the other forms' load of r (u = 0 when exact). Noisy: soft, u[k] costs
+        ``SOFT_UPPER`` c / M(k): the other forms' fixed uses carry their own errors, and a hard
+        bound from one unlucky kernel would crush the form's use to zero (seen: singletons
+        predicted 37% short at 2% noise); bounds where the others alone already fill the
+        measured time carry no information and are left out;
       * tightness, for mixes SK^s + form^n designated to resource r:
         n x[r] + e-[k] - e+[k] = M(SK^s + form^n) - M(SK^s) -- the increase of the measured time
         is the form's use of the saturated resource (a difference of measurements, so that
         errors of the model of SK do not leak in); for a singleton designated to its predicted
         bottleneck r: x[r] + e- - e+ = t(form).
     Objective: min sum_k (e+ + e-) c / M(k) (relative L1, weights favour the kernels where the
-    form is a large part, whose difference is least amplified by noise) + 1e-6 sum x / t(form).
+    form is a large part, whose difference is least amplified by noise; the singleton counts
+    ``SINGLETON_WEIGHT`` times: it is the one kernel where the form is everything)
+    + sum_k SOFT_UPPER u[k] c / M(k) + 1e-6 sum x / t(form).
     """
-    nv = n_res + 2 * len(rows)
+    noisy = tol >= NOISY_TOL
+    nrow = len(rows)
+    nv = n_res + 2 * nrow + (nrow if noisy else 0)
     c = np.zeros(nv)
     c[:n_res] = 1e-6 / t_form
-    # every upper bound involves a single x[r] (the other forms are fixed): variable bounds
     ub = np.full(nv, np.inf)
     ub[:n_res] = t_form * (1 + tol)
+    lb = np.zeros(nv)
     eq_rows: list[np.ndarray] = []
     b_eq: list[float] = []
+    ub_r: list[int] = []
+    ub_c: list[int] = []
+    ub_v: list[float] = []
+    b_ub: list[float] = []
     for j, row in enumerate(rows):
         cnt = row.kernel[form]
         others = {f: n for f, n in row.kernel.items() if f != form}
         base = _predict(rho, n_res, others)
         room = row.cycles * (1 + tol) - base
-        # where the other forms already fill a resource, the row is inconsistent with their
-        # (noisy) fixed uses and would force a zero use: it carries no information there
-        ok = room > tol * row.cycles if tol >= NOISY_TOL else np.ones(n_res, dtype=bool)
-        ub[:n_res][ok] = np.minimum(ub[:n_res][ok], np.maximum(room[ok], 0.0) / cnt)
+        if noisy and cnt * t_form >= MIN_SHARE * row.cycles:
+            # where the other forms already fill a resource, the row is inconsistent with their
+            # (noisy) fixed uses and would force a zero use: it carries no information there
+            u = n_res + 2 * nrow + j
+            c[u] = SOFT_UPPER * cnt / row.cycles
+            for r in np.flatnonzero(room > tol * row.cycles):
+                ub_r += [len(b_ub), len(b_ub)]
+                ub_c += [int(r), u]
+                ub_v += [float(cnt), -1.0]
+                b_ub.append(float(room[r]))
+        elif not noisy:
+            # every upper bound involves a single x[r] (the other forms are fixed)
+            ub[:n_res] = np.minimum(ub[:n_res], np.maximum(room, 0.0) / cnt)
         if row.designated is None:
             continue
         a = np.zeros(nv)
@@ -646,11 +697,16 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
             rhs = row.cycles - base[row.designated]
         a[n_res + 2 * j] = 1.0
         a[n_res + 2 * j + 1] = -1.0
-        c[n_res + 2 * j] = c[n_res + 2 * j + 1] = a[row.designated] / row.cycles
+        w = SINGLETON_WEIGHT if noisy and not others else 1.0
+        c[n_res + 2 * j] = c[n_res + 2 * j + 1] = w * a[row.designated] / row.cycles
+        if noisy and not others:
+            # the form alone is the best-measured fact about it: its bottleneck keeps it
+            lb[row.designated] = t_form * (1 - tol)
         eq_rows.append(a)
         b_eq.append(rhs)
-    x = _solve(c, np.zeros((0, nv)), np.zeros(0),
-               np.array(eq_rows) if eq_rows else np.zeros((0, nv)), np.array(b_eq), ub, stats)
+    a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(len(b_ub), nv)).tocsr()
+    x = _solve(c, a_ub, np.array(b_ub), np.array(eq_rows) if eq_rows else np.zeros((0, nv)),
+               np.array(b_eq), ub, stats, lb)
     # uses below the tolerance are noise (or LP round-off): a phantom use of a resource that
     # the form does not touch would add up over large kernels
     return {r: float(x[r]) for r in range(n_res) if x[r] > max(tol, 1e-9) * t_form}
@@ -660,16 +716,15 @@ def _count(text: str, form: str) -> int:
     return parse_canonical(text).get(form, 0)
 
 
-def _form_rows(form: str, saturating: Sequence[Mapping[str, int]], singletons: Mapping[str, float],
-               meas: Measurements, cfg: PalmedConfig, pair_index: Mapping[str, list[str]],
-               ) -> tuple[list[_Row], list[int | None]]:
+def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
+               singletons: Mapping[str, float], meas: Measurements, cfg: PalmedConfig,
+               pair_index: Mapping[str, list[str]]) -> tuple[list[_Row], list[int | None]]:
     rows: list[_Row] = [_Row({form: 1}, singletons[form], None)]
     fixed: list[int | None] = [None]
     for text in pair_index.get(form, []):
         rows.append(_Row(parse_canonical(text), meas[text], None))
         fixed.append(None)
-    for r, sk in enumerate(saturating):
-        t_sk = meas[_text(sk)]
+    for r, (sk, t_sk) in enumerate(saturating):
         for beta in cfg.betas:
             base, k = mix(dict(sk), t_sk, form, singletons[form], beta, cfg.max_kernel)
             rows.append(_Row(k, meas[_text(k)], r, _text(base)))
@@ -678,20 +733,25 @@ def _form_rows(form: str, saturating: Sequence[Mapping[str, int]], singletons: M
 
 
 def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
-                  meas: Measurements, *, state: Sequence[Mapping[str, int]] = (),
+                  meas: Measurements, *,
+                  state: Sequence[tuple[Mapping[str, int], float, int]] = (),
                   classes: Mapping[str, Sequence[str]] | None = None,
                   config: PalmedConfig | None = None, log: Log = _nolog,
                   lp_stats: _LPStats | None = None) -> Step:
     """Stage 7: the uses of every form, then refinement with the resources the core missed.
 
-    ``state`` lists the defining kernels of the refinement resources found so far. Returns a
-    Step whose ``need`` lists mapping kernels to measure (new resources), or ``done`` with
+    ``state`` lists the refinement resources found so far as (defining kernel, construction
+    time, round). Returns a Step whose ``need`` lists mapping kernels to measure (new
+    resources: one measurement round per refinement round), or ``done`` with
     ``result = (rho, defining, saturating)``: rho maps form -> resource index -> use.
     """
     cfg = config or PalmedConfig()
     stats = lp_stats or _LPStats()
     forms = sorted(set(forms))
-    defining = [dict(d) for d in core.defining] + [dict(k) for k in state]
+    refined = [(dict(k), float(t), int(rnd)) for k, t, rnd in state]
+    defining = [dict(d) for d in core.defining] + [k for k, _, _ in refined]
+    t_def = list(core.t_defining) + [t for _, t, _ in refined]
+    rounds = 1 + max((rnd for _, _, rnd in refined), default=-1)
     target = cfg.sat_factor * max(singletons[b] for b in core.basic)
     # pairs measured between each form and a basic form: extra upper bounds, cheap information
     pair_index: dict[str, list[str]] = {}
@@ -703,15 +763,12 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
             if text in meas:
                 pair_index.setdefault(f, []).append(text)
     rep_of = {m: rep for rep, members in (classes or {}).items() for m in members}
-    rounds = 0
     while True:
-        missing = [_text(d) for d in defining if _text(d) not in meas]
-        if missing:
-            return Step(need=sorted(set(missing)), state=defining[core.n_resources:])
-        saturating = [_saturating(d, meas[_text(d)], target, cfg.max_kernel) for d in defining]
+        saturating = [_sat_est(d, t, target, cfg.max_kernel)
+                      for d, t in zip(defining, t_def, strict=True)]
         need = select_mapping_kernels(saturating, forms, singletons, meas, cfg)
         if need:
-            return Step(need=need, state=defining[core.n_resources:])
+            return Step(need=need, state=refined)
         n_res = len(defining)
         rho: dict[str, dict[int, float]] = {f: dict(v) for f, v in core.rho.items()}
         per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index)
@@ -748,8 +805,8 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
             if cands:
                 log(f"refine: stopping with {len(cands)} under-predicted kernels "
                     f"(worst {-cands[0][0]:.1%})")
-            return Step(need=[], result=(rho, defining, saturating),
-                        state=defining[core.n_resources:])
+            return Step(need=[], result=(rho, defining, [sk for sk, _ in saturating]),
+                        state=refined)
         added: list[Kernel] = []
         taken: set[str] = set()
         for gap, text in cands:
@@ -760,7 +817,10 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
             if key & taken:
                 continue
             taken |= key
-            added.append(_reduce(k))
+            d, t = _source_time(k, meas)
+            added.append(d)
+            refined.append((d, t, rounds))
+            t_def.append(t)
             log(f"refine: resource R{n_res + len(added) - 1:02d} from {text} "
                 f"(under-predicted by {-gap:.1%})")
             if len(added) >= cfg.refine_batch:
@@ -832,7 +892,7 @@ def build_model(forms: Sequence[str], measure: Callable[[list[str]], Sequence[fl
 
     t0 = time.perf_counter()
     st = _LPStats()
-    state: list[Kernel] = []
+    state: list[Any] = []
     while True:
         step = fit_core(basic, singletons, meas, state=state, config=cfg, log=log, lp_stats=st)
         state = step.state
@@ -845,7 +905,7 @@ def build_model(forms: Sequence[str], measure: Callable[[list[str]], Sequence[fl
 
     t0 = time.perf_counter()
     saturating = select_saturating(core, meas, singletons, cfg)
-    run("saturating", [_text(s) for s in saturating])
+    run("saturating", [_text(s) for s, _ in saturating])
     run("mapping", select_mapping_kernels(saturating, forms, singletons, meas, cfg))
     wall["mapping"] = time.perf_counter() - t0
 
