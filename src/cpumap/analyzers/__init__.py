@@ -64,13 +64,14 @@ ANALYZERS = ["model", "native", "llvm-mca", "osaca"]
 UNAVAILABLE = {
     "uiCA": "models Intel microarchitectures only (Sandy Bridge to Rocket/Alder Lake); this "
             "host is AMD Zen 4",
-    "IACA": "Intel's discontinued analyzer: Intel microarchitectures only (up to Skylake), "
-            "closed-source binary that is no longer distributed",
+    "IACA": "Intel's analyzer, discontinued in 2019: Intel microarchitectures only (Haswell "
+            "to Skylake), a closed-source binary not packaged for Debian",
     "Ithemal": "learned model trained on BHive measurements of Intel CPUs (Ivy Bridge, "
                "Haswell, Skylake); there is no Zen 4 model and no Zen 4 training data",
     "BHive": "its profiler reads hardware performance counters (perf_event), and this KVM "
              "guest exposes none (PAPI lists 0 events); the native analyzer plays its part",
-    "Gus": "QEMU-based dynamic analyzer from a PhD thesis, not publicly distributed",
+    "Gus": "QEMU-based dynamic analyzer from F. Gruber's PhD work: no public release to "
+           "install",
 }
 
 
