@@ -37,6 +37,7 @@ __all__ = [
     "block_inputs",
     "render_att",
     "run_batched",
+    "run_streaming",
     "run_tool",
 ]
 
@@ -170,6 +171,58 @@ def run_tool(cmd: Sequence[str], timeout_s: float, stdin: str | None = None,
     rc = proc.returncode
     status = "ok" if rc == 0 else ("crashed" if rc < 0 else "error")
     return ToolResult(status, rc, out, err, time.monotonic() - t0)
+
+
+def run_streaming(cmd: Sequence[str], stdin: str, first_timeout_s: float,
+                  line_timeout_s: float) -> ToolResult:
+    """Run a tool that prints one line per item, allowing ``line_timeout_s`` between lines
+    (``first_timeout_s`` for the first, which includes start-up): a hang on one item is cut
+    after that item's allowance, not after the whole batch's. stdout holds the lines printed
+    before the tool ended or was killed."""
+    import selectors
+    import tempfile
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as fin, tempfile.TemporaryFile("w+") as ferr:
+        fin.write(stdin)
+        fin.seek(0)
+        try:
+            proc = subprocess.Popen(list(cmd), stdin=fin, stdout=subprocess.PIPE, stderr=ferr,
+                                    start_new_session=True)
+        except OSError as exc:
+            return ToolResult("error", None, "", f"cannot start {cmd[0]}: {exc}", 0.0)
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + first_timeout_s
+        timed_out = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                timed_out = True
+                break
+            data = os.read(proc.stdout.fileno(), 65536)
+            if not data:
+                break
+            chunks.append(data)
+            if b"\n" in data:
+                deadline = time.monotonic() + line_timeout_s
+        sel.close()
+        if timed_out:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        rc = proc.wait()
+        proc.stdout.close()
+        ferr.seek(0)
+        err = ferr.read()
+    out = b"".join(chunks).decode(errors="replace")
+    seconds = time.monotonic() - t0
+    if timed_out:
+        return ToolResult("timeout", None, out, err, seconds)
+    status = "ok" if rc == 0 else ("crashed" if rc < 0 else "error")
+    return ToolResult(status, rc, out, err, seconds)
 
 
 class BatchError(Exception):

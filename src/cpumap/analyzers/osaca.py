@@ -2,7 +2,8 @@
 
 Blocks go in batches to :mod:`cpumap.analyzers.osaca_worker` (one Python process loads OSACA's
 machine model once and analyses many blocks); the worker streams one result line per block, so
-a crash or a hang is blamed on the block in flight and the rest of the batch is run again.
+a crash or a hang is blamed on the block in flight and the rest of the batch is run again; a
+block gets ``timeout_s`` (the first also ``startup_s``), so a hang costs one allowance.
 
 OSACA's machine files are incomplete: ZEN4 in OSACA 0.7.1 has no data for ``nop`` (alignment
 padding in nearly every compiled loop), the ``xor`` zeroing idiom, ``vzeroupper`` or
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .base import BatchError, BatchStats, BlockInput, Result, run_batched, run_tool
+from .base import BatchError, BatchStats, BlockInput, Result, run_batched, run_streaming
 
 NAME = "osaca"
 
@@ -51,8 +52,8 @@ class Osaca:
             return out
         payload = json.dumps([{"key": list(b.key), "insns": list(b.insns)} for b in todo])
         flags = ["--ignore-unknown"] if self.ignore_unknown else []
-        res = run_tool([*self.command, "--arch", self.arch, *flags],
-                       self.startup_s + self.timeout_s * len(todo), stdin=payload)
+        res = run_streaming([*self.command, "--arch", self.arch, *flags], payload,
+                            self.startup_s + self.timeout_s, self.timeout_s)
         for line in res.stdout.splitlines():
             try:
                 item = json.loads(line)
@@ -70,8 +71,9 @@ class Osaca:
         missing = [b for b in todo if b.key not in out]
         if missing:
             # the worker stopped early: the first unanswered block was in flight
-            raise BatchError(f"osaca: {res.describe()}",
-                             {missing[0].key: f"osaca: {res.describe()}"}, out)
+            why = (f"timed out (no answer within {self.timeout_s:g} s)"
+                   if res.status == "timeout" else res.describe())
+            raise BatchError(f"osaca: {why}", {missing[0].key: f"osaca: {why}"}, out)
         return out
 
     def predict(self, blocks: list[BlockInput]) -> dict[tuple[str, int], Result]:
