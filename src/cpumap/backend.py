@@ -68,6 +68,22 @@ class MeasuringDisabledError(RuntimeError):
     """Measuring is off (config ``measure: false``) and the database lacks some kernels."""
 
 
+def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict, bench: Mapping,
+               workdir: Path, batch_id: str, *, harness_bin: Path | None = None,
+               sim: SimulatedMachine | None = None, skip: set[str] | frozenset[str] = frozenset(),
+               progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """DB rows of one batch from either backend; kernels whose id is in ``skip`` (already in
+    the database) produce no rows. The one place that decides simulated versus native."""
+    if sim is not None:
+        todo = [k for k in kernels
+                if asmgen.kernel_id(asmgen.canonical(asmgen.parse_canonical(k))) not in skip]
+        return simulated_rows(todo, sim, machine["machine_id"], bench, batch_id)
+    if harness_bin is None:
+        raise ValueError("the native backend needs the harness binary")
+    return campaign.measure_batch(kernels, forms, machine, bench, workdir, harness_bin,
+                                  batch_id, progress=progress, skip=skip)
+
+
 class Measurer:
     """Cycles per instance of kernels for one machine, from the DB or measured now.
 
@@ -125,12 +141,9 @@ class Measurer:
             batch_id = f"{stage}-{digest}"
             self.log(f"{stage}: measuring {len(todo)} kernels ({len(canon) - len(todo)} "
                      "already in the database)")
-            if self.sim is not None:
-                rows = simulated_rows(todo, self.sim, self.machine_id, self.bench, batch_id)
-            else:
-                rows = campaign.measure_batch(
-                    todo, self.forms, self.machine, self.bench, self.workdir / batch_id,
-                    self.harness_bin, batch_id, progress=self.log)
+            rows = batch_rows(todo, self.forms, self.machine, self.bench,
+                              self.workdir / batch_id, batch_id, harness_bin=self.harness_bin,
+                              sim=self.sim, progress=self.log)
             if db.part_path(self.db_dir, batch_id).exists():
                 # same kernels measured by an interrupted earlier run: keep both, new name
                 batch_id = f"{batch_id}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"

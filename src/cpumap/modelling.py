@@ -99,15 +99,39 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     def fmt(v: float) -> str:
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
 
+    def fmt_s(v: float | None) -> str:
+        return "" if v is None else f"{v:.2f}"
+
     lines = [f"# Resource model of {machine_id}", "",
+             f"- forms modelled: {stats.get('n_forms')} (pairs measured among "
+             f"{stats.get('n_pair_forms')})",
              f"- resources: {stats.get('n_resources')} ({stats.get('n_core_resources')} from "
              f"the core mapping), basic instructions: {stats.get('n_basic')}, classes: "
              f"{stats.get('n_classes')}",
-             f"- kernels measured per stage: {stats.get('kernels')}",
+             f"- kernels: {stats.get('total_kernels')} in total, "
+             f"{stats.get('measured_now')} measured by this run (the rest from the database)",
              f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
              f"{sorted(stats.get('not_modelled', {}))}",
-             f"- LP solves and seconds: {stats.get('lp')}",
-             "", "## Held-out validation", "",
+             f"- wall time of the fit: {fmt_s(stats.get('wall_seconds', {}).get('total'))} s",
+             "", "## Stages", "",
+             "| stage | kernels | measurement rounds | LP solves | LP seconds | wall seconds |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    kernels = stats.get("kernels", {})
+    rounds = stats.get("measure_rounds", {})
+    lp = stats.get("lp", {})
+    wall = stats.get("wall_seconds", {})
+    # kernels are counted per measuring stage, LPs and wall time per fitting stage
+    where = {"core": "core", "saturating": "remaining", "mapping": "remaining",
+             "refine": "remaining"}
+    for stage in ("singletons", "pairs", "basic", "core", "saturating", "mapping", "refine",
+                  "remaining"):
+        if stage not in kernels and stage not in lp and stage not in wall:
+            continue
+        lp_s = lp.get(stage, {}) if where.get(stage, stage) == stage else {}
+        lines.append(f"| {stage} | {kernels.get(stage, '')} | {rounds.get(stage, '')} | "
+                     f"{lp_s.get('solves', '')} | {fmt_s(lp_s.get('seconds'))} | "
+                     f"{fmt_s(wall.get(stage))} |")
+    lines += ["", "## Held-out validation", "",
              f"{metrics['kernels']} of {count} random kernels (1-5 distinct forms) measured.", "",
              "| metric | value |", "| --- | --- |",
              f"| RMS relative error of IPC | {fmt(metrics['rms_rel_error_ipc'])} |",

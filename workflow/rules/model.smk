@@ -11,6 +11,8 @@ rule fit_model:
         forms=FORMS,
         machine=MACHINE_JSON,
         harness=HARNESS_BIN,
+        # model.extra_forms is an input when set: editing the list refits the model
+        extra=lambda wildcards: [p] if (p := config["model"].get("extra_forms")) else [],
     output:
         model=MODEL_JSON,
         table=f"{MDIR}/model/mapping.tsv",

@@ -15,8 +15,9 @@ from model_common import measurer_and_forms  # noqa: E402
 
 from cpumap import modelling  # noqa: E402
 
-measurer, forms, noise, machine = measurer_and_forms(snakemake)
+measurer, forms, noise, machine, extra_left = measurer_and_forms(snakemake)
 forms, left_out = modelling.modelable(measurer.forms, forms)
+left_out |= extra_left
 for name, reason in sorted(left_out.items()):
     print(f"not modelled: {name}: {reason}", flush=True)
 cfg = modelling.palmed_config(snakemake.params.model, noise)

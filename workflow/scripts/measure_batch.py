@@ -13,9 +13,7 @@ from cpumap.io import redirect_output  # noqa: E402
 redirect_output(snakemake.log[0])
 
 from cpumap import db  # noqa: E402
-from cpumap.asmgen import canonical, kernel_id, parse_canonical  # noqa: E402
-from cpumap.backend import measurement_key, simulated_rows  # noqa: E402
-from cpumap.campaign import measure_batch  # noqa: E402
+from cpumap.backend import batch_rows, measurement_key  # noqa: E402
 from cpumap.io import read_parquet_checked  # noqa: E402
 from cpumap.simulate import SimulatedMachine  # noqa: E402
 
@@ -53,22 +51,20 @@ if not measuring:
             f"measuring is off (measure: false) and the database has no ok rows for "
             f"{len(missing)} kernel(s) of batch {snakemake.params.batch_id}: "
             f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
-if simulated:
-    sim = SimulatedMachine(backend["mapping"], backend["noise"], backend["seed"])
-    todo = [k for k in kernels if kernel_id(canonical(parse_canonical(k))) not in skip]
-    rows = simulated_rows(todo, sim, machine["machine_id"], bench, snakemake.params.batch_id)
-else:
-    rows = measure_batch(
-        kernels,
-        read_parquet_checked(snakemake.input.forms),
-        machine,
-        bench,
-        workdir,
-        Path(snakemake.input.harness),
-        snakemake.params.batch_id,
-        progress=lambda message: print(message, flush=True),
-        skip=skip,
-    )
+sim = (SimulatedMachine(backend["mapping"], backend["noise"], backend["seed"])
+       if simulated else None)
+rows = batch_rows(
+    kernels,
+    read_parquet_checked(snakemake.input.forms),
+    machine,
+    bench,
+    workdir,
+    snakemake.params.batch_id,
+    harness_bin=Path(snakemake.input.harness),
+    sim=sim,
+    skip=skip,
+    progress=lambda message: print(message, flush=True),
+)
 part = db.append(Path(snakemake.output.part).parent, rows, snakemake.params.batch_id)
 if part.resolve() != Path(snakemake.output.part).resolve():
     raise SystemExit(f"DB part written to {part}, expected {snakemake.output.part}")

@@ -16,7 +16,7 @@ from model_common import measurer_and_forms  # noqa: E402
 
 from cpumap import io, modelling, resmodel  # noqa: E402
 
-measurer, _forms, _noise, machine = measurer_and_forms(snakemake)
+measurer, _forms, _noise, machine, _left = measurer_and_forms(snakemake)
 model = resmodel.load(snakemake.input.model)
 forms = model.forms  # held-out kernels of the modelled forms only
 count = int(snakemake.params.model["validation_kernels"])
