@@ -82,7 +82,8 @@ def bandwidth_ceilings(ceil: Mapping, view: str) -> list[tuple[str, float]]:
     return out
 
 
-def _draw_ceilings(ax, ceil: Mapping, view: str, xlim: tuple[float, float]) -> None:
+def _draw_ceilings(ax, ceil: Mapping, view: str, xlim: tuple[float, float]) -> list:
+    """Draw the compute and bandwidth ceilings; return their legend handles."""
     xs = np.logspace(math.log10(xlim[0]), math.log10(xlim[1]), 200)
     peaks: list[tuple[str, float]] = []
     for label, p in compute_ceilings(ceil):  # equal ceilings (within 2 %) share one line
@@ -92,17 +93,17 @@ def _draw_ceilings(ax, ceil: Mapping, view: str, xlim: tuple[float, float]) -> N
         else:
             peaks.append((label, p))
     top = max((p for _l, p in peaks), default=1.0)
+    handles = []
     for i, (label, p) in enumerate(peaks):
-        ax.axhline(p, color="0.3", lw=1.2 if i == 0 else 0.8, ls="-" if i == 0 else ":")
-        ax.text(xlim[1], p * 1.04, f"{label}: {p:.1f} flop/cyc", ha="right", va="bottom",
-                fontsize=7, color="0.25")
-    for j, (label, b) in enumerate(bandwidth_ceilings(ceil, view)):
-        ys = np.minimum(b * xs, top)
+        h = ax.axhline(p, color="0.3", lw=1.2 if i == 0 else 0.8, ls="-" if i == 0 else ":",
+                       label=f"{label}: {p:.1f} flop/cycle")
+        handles.append(h)
+    for label, b in bandwidth_ceilings(ceil, view):
         color = LEVEL_COLORS.get(label.split()[0], "0.5")
-        ax.plot(xs, ys, color=color, lw=1.0, ls="--" if "cores" in label else "-")
-        # label along the lower left, one row per ceiling, so labels never overlap
-        ax.text(0.01, 0.03 + 0.045 * j, f"{label}: {b:.2f} B/cycle", transform=ax.transAxes,
-                fontsize=7, color=color, ha="left", va="bottom")
+        (h,) = ax.plot(xs, np.minimum(b * xs, top), color=color, lw=1.0,
+                       ls="--" if "cores" in label else "-", label=f"{label}: {b:.2f} B/cycle")
+        handles.append(h)
+    return handles
 
 
 # ----------------------------------------------------------------------------- roofline
@@ -127,9 +128,11 @@ def roofline(points: pd.DataFrame, ceil: Mapping, out_dir: Path, name: str, titl
     else:
         lo, hi = 1 / 64, 64.0
     xlim = (min(lo, 1 / 32), hi)
-    _draw_ceilings(ax, ceil, view, xlim)
+    ceiling_handles = _draw_ceilings(ax, ceil, view, xlim)
     series = sorted(df.groupby(["benchmark", "state"]).groups) if len(df) else []
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = [plt.get_cmap("tab20")(i) for i in range(20)] if len(series) > 10 else \
+        plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    series_labels = {f"{b} ({st})" for b, st in series}
     for (bench, state), color, marker in zip(series, itertools.cycle(colors),
                                              itertools.cycle(MARKERS)):
         s = df[(df.benchmark == bench) & (df.state == state)].sort_values("n")
@@ -158,48 +161,60 @@ def roofline(points: pd.DataFrame, ceil: Mapping, out_dir: Path, name: str, titl
     ax.set_ylabel("performance [flop/cycle]")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
+    if ceiling_handles:
+        ax.add_artist(ax.legend(handles=ceiling_handles, fontsize=7, loc="upper left",
+                                title="ceilings (measured)", title_fontsize=7))
     if series:
-        ax.legend(fontsize=7, loc="center right", ncol=1 if len(series) < 8 else 2)
-    fig.text(0.01, -0.02, "boxes: quartiles of the K repetitions' performance, whiskers: "
-             "min/max; solid lines: one implementation over n; dashed grey: equal n across "
-             "implementations; missing points: no memory-side bytes (see the table)",
+        ax.legend(handles=[h for h in ax.get_lines() if h.get_label() in series_labels],
+                  fontsize=7, loc="lower right", ncol=1 if len(series) < 8 else 2)
+    fig.text(0.01, -0.01, "boxes: quartiles of the K repetitions' performance, whiskers: "
+             "min/max; solid lines: one implementation over n;\ndashed grey: equal n across "
+             "implementations; points without memory-side bytes (all data cached, or no "
+             "simulation) are left out of the memory-side view",
              fontsize=7, color="0.35", va="top")
     return save(fig, out_dir, name)
 
 
 def versus_size(points: pd.DataFrame, out_dir: Path, name: str, title: str,
                 what: str = "intensity", view: str = "mem") -> list[Path]:
-    """Intensity (or performance with quartile bars) over the problem footprint, per series."""
+    """Intensity (or performance with min-max bars) over the data footprint: one panel per
+    kernel, one colour per implementation (flag set), solid warm, dashed cold."""
     df = points[points.status == "ok"].copy() if "status" in points else points.copy()
     col = _intensity_col(view)
-    fig, ax = plt.subplots(figsize=(8.2, 4.8))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    groups = sorted(df.groupby(["benchmark", "state"]).groups) if len(df) else []
-    for (bench, state), color, marker in zip(groups, itertools.cycle(colors),
-                                             itertools.cycle(MARKERS)):
-        s = df[(df.benchmark == bench) & (df.state == state)].sort_values("n")
-        x = s["bytes_footprint"].to_numpy(float)
-        if what == "intensity":
-            y = s[col].to_numpy(float)
-            ok = np.isfinite(y) & (y > 0)
-            ax.plot(x[ok], y[ok], color=color, marker=marker, ms=4,
-                    label=f"{bench} ({state})")
-        else:
-            q = list(s["perf_q"])
-            y = np.array([v["median"] for v in q])
-            err = np.array([[v["median"] - v["min"] for v in q],
-                            [v["max"] - v["median"] for v in q]])
-            ax.errorbar(x, y, yerr=err, color=color, marker=marker, ms=4, capsize=2,
-                        label=f"{bench} ({state})")
-    ax.set_xlabel("data footprint [bytes]")
-    ax.set_ylabel("operational intensity [flop/byte]" if what == "intensity"
-                  else "performance [flop/cycle] (median, min-max bars)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.25)
-    if groups:
-        ax.legend(fontsize=7, ncol=2)
+    kernels = sorted(df["kernel"].unique()) if len(df) else [""]
+    fig, axes = plt.subplots(1, len(kernels), figsize=(5.0 * len(kernels), 4.4),
+                             squeeze=False)
+    flagsets = sorted(df["flagset"].unique()) if len(df) else []
+    colors = dict(zip(flagsets, plt.rcParams["axes.prop_cycle"].by_key()["color"],
+                      strict=False))
+    for ax, kernel in zip(axes[0], kernels, strict=True):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for (fs, state), s in (df[df.kernel == kernel].groupby(["flagset", "state"])
+                               if len(df) else []):
+            s = s.sort_values("n")
+            x = s["bytes_footprint"].to_numpy(float)
+            style = {"color": colors.get(fs), "ls": "-" if state == "warm" else "--",
+                     "marker": "o" if state == "warm" else "s", "ms": 4,
+                     "label": f"{fs} ({state})"}
+            if what == "intensity":
+                y = s[col].to_numpy(float)
+                ok = np.isfinite(y) & (y > 0)
+                ax.plot(x[ok], y[ok], **style)
+            else:
+                q = list(s["perf_q"])
+                y = np.array([v["median"] for v in q])
+                err = np.array([[v["median"] - v["min"] for v in q],
+                                [v["max"] - v["median"] for v in q]])
+                ax.errorbar(x, y, yerr=err, capsize=2, **style)
+        ax.set_title(kernel, fontsize=10)
+        ax.set_xlabel("data footprint [bytes]")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("operational intensity [flop/byte] (memory-side)"
+                          if what == "intensity"
+                          else "performance [flop/cycle] (median, min-max bars)")
+    fig.suptitle(title, fontsize=10)
     return save(fig, out_dir, name)
 
 
