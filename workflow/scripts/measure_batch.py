@@ -13,6 +13,7 @@ from cpumap.io import redirect_output  # noqa: E402
 redirect_output(snakemake.log[0])
 
 from cpumap import db  # noqa: E402
+from cpumap.asmgen import canonical, kernel_id, parse_canonical  # noqa: E402
 from cpumap.backend import batch_rows, measurement_key  # noqa: E402
 from cpumap.io import read_parquet_checked  # noqa: E402
 from cpumap.simulate import SimulatedMachine  # noqa: E402

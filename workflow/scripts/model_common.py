@@ -45,7 +45,10 @@ def measurer_and_forms(snakemake):
     db_dir = Path(snakemake.input.forms).parents[1] / "db"
     measurer = Measurer(machine, forms, snakemake.params.bench, db_dir,
                         Path(snakemake.params.workdir), harness_bin=Path(snakemake.input.harness),
-                        sim=sim, log=lambda message: print(message, flush=True))
+                        sim=sim, log=lambda message: print(message, flush=True),
+                        # `measure: false`: answer from the DB only (read from the config, not
+                        # params, so that switching it reruns nothing)
+                        measure=bool(snakemake.config.get("measure", True)))
     with open(snakemake.input.plan, encoding="utf-8") as handle:
         planned = [k for batch in json.load(handle)["batches"] for k in batch]
     # only forms whose singleton measured ok take part (a failed form has no time)
