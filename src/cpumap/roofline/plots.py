@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib
+import matplotlib.legend
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -37,8 +38,11 @@ def save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
     plt.rcParams["svg.hashsalt"] = "cpumap"
-    fig.savefig(paths[0], dpi=110, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight", metadata=SVG_META)
+    # every legend (also those kept with add_artist) counts for the tight bounding box
+    extra = [c for ax in fig.axes for c in ax.get_children()
+             if isinstance(c, matplotlib.legend.Legend)] + list(fig.texts)
+    fig.savefig(paths[0], dpi=110, bbox_inches="tight", bbox_extra_artists=extra)
+    fig.savefig(paths[1], bbox_inches="tight", bbox_extra_artists=extra, metadata=SVG_META)
     plt.close(fig)
     return paths
 
@@ -119,7 +123,7 @@ def roofline(points: pd.DataFrame, ceil: Mapping, out_dir: Path, name: str, titl
     col = _intensity_col(view)
     df = points[(points.status == "ok")].copy() if "status" in points else points.copy()
     df = df[df[col].notna() & (df[col] > 0) & df["perf_q"].notna()]
-    fig, ax = plt.subplots(figsize=(8.2, 5.6))
+    fig, ax = plt.subplots(figsize=(7.6, 5.6))
     ax.set_xscale("log")
     ax.set_yscale("log")
     if len(df):
@@ -161,12 +165,16 @@ def roofline(points: pd.DataFrame, ceil: Mapping, out_dir: Path, name: str, titl
     ax.set_ylabel("performance [flop/cycle]")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
+    # legends outside the axes, right: they never hide a point
     if ceiling_handles:
         ax.add_artist(ax.legend(handles=ceiling_handles, fontsize=7, loc="upper left",
-                                title="ceilings (measured)", title_fontsize=7))
+                                bbox_to_anchor=(1.01, 1.0), title="ceilings (measured)",
+                                title_fontsize=7))
     if series:
         ax.legend(handles=[h for h in ax.get_lines() if h.get_label() in series_labels],
-                  fontsize=7, loc="lower right", ncol=1 if len(series) < 8 else 2)
+                  fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0),
+                  ncol=1 if len(series) < 12 else 2, title="implementation (cache state)",
+                  title_fontsize=7)
     fig.text(0.01, -0.01, "boxes: quartiles of the K repetitions' performance, whiskers: "
              "min/max; solid lines: one implementation over n;\ndashed grey: equal n across "
              "implementations; points without memory-side bytes (all data cached, or no "
