@@ -422,7 +422,8 @@ def test_best_of_k_rejected_when_far_below_median():
                  "kernel": "ADDSD_XMM_XMM", "n_insns": 1, "clock": "tsc-calibrated",
                  "status": "ok", "rep": i, "ticks1": a, "ticks2": b, "cycles1": 0,
                  "cycles2": 0, "calib_ratio": 1.0, "instances": 100,
-                 "cycles_per_instance": (b - a) / 100} for i, (a, b) in enumerate(zip(c1, c2))]
+                 "cycles_per_instance": (b - a) / 100}
+                for i, (a, b) in enumerate(zip(c1, c2, strict=True))]
 
     # one core: clean (0.5 cycles); other run: every short call slowed, best-of-K = 0.2
     df = pd.DataFrame(rows([100, 101, 100], [150, 152, 151], 0, 1)
