@@ -127,6 +127,10 @@ class Measurer:
                                    for k in kernels))
         known = self.known()
         todo = [k for k in canon if k not in known]
+        if not self.remeasure:
+            # rows that all failed: measured already (and failed), not measured again, so
+            # that a rebuild from the DB asks for nothing new
+            todo = [k for k in todo if k not in self._tried]
         if not self.allow_measure:
             missing = [k for k in todo if k not in self._tried]
             if missing:
@@ -150,6 +154,7 @@ class Measurer:
                 rows["batch_id"] = batch_id
             db.append(self.db_dir, rows, batch_id)
             self.measured_now += len(todo)
+            self._tried |= set(todo)
             agg = db.aggregate(rows)
             known.update(zip(agg.kernel, agg.cycles_per_instance_median.astype(float),
                              strict=True))

@@ -47,12 +47,28 @@ def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[st
     return kept, left
 
 
+#: Palmed's tolerance on real hardware when ``model.tol`` is null.
+NATIVE_TOL = 0.05
+#: On real hardware: resources the core adds per measurement round, and resources in all.
+NATIVE_CORE_BATCH = 4
+NATIVE_MAX_RESOURCES = 32
+
+
 def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedConfig:
     """Palmed's knobs from the ``model`` config section; ``tol: null`` follows the noise."""
     tol = model_cfg.get("tol")
     if tol is None:
-        # about 3x the relative noise of the measurements (PalmedConfig's docstring)
-        tol = max(1e-6, 3 * noise) if noise is not None else 0.02
+        # about 3x the relative noise of the measurements (PalmedConfig's docstring); on
+        # hardware shared with other jobs, medians of repetitions still move by 1-2% between
+        # kernels of the same throughput, so 5%
+        tol = max(1e-6, 3 * noise) if noise is not None else NATIVE_TOL
+    if noise is None:
+        # hardware: every measurement round starts the harness bench.rounds times, and real
+        # cores are not exactly resource models (memory forms), so the cutting plane would
+        # go on adding resources: several per round, and fewer in all
+        return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 16)),
+                            seed=int(model_cfg.get("seed", 0)), core_batch=NATIVE_CORE_BATCH,
+                            max_resources=NATIVE_MAX_RESOURCES)
     return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 16)),
                         seed=int(model_cfg.get("seed", 0)))
 
@@ -67,9 +83,10 @@ def fit(forms: list[str], measurer: Measurer, cfg: PalmedConfig,
         got = measurer.measure(kernels, stage=f"palmed{round_no[0]:03d}")
         missing = [k for k in kernels if k not in got]
         if missing:
-            raise RuntimeError(f"{len(missing)} kernels could not be measured, e.g. "
-                               f"{missing[0]!r}; see the failed rows of the database")
-        return [got[k] for k in kernels]
+            # Palmed leaves failed kernels out (NaN); the DB keeps their failed rows
+            print(f"{len(missing)} kernels could not be measured, e.g. {missing[0]!r}",
+                  flush=True)
+        return [got.get(k, math.nan) for k in kernels]
 
     t0 = time.perf_counter()
     model, stats = build_model(forms, measure, config=cfg, log=log)

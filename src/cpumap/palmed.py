@@ -129,6 +129,7 @@ class PalmedConfig:
     max_kernel: int = 600  # instructions per kernel instance (the generator allows 1000/form)
     seed: int = 0
     max_pair_forms: int | None = 120  # pairs among at most this many forms (None: all)
+    core_batch: int = 1  # resources the core may add per measurement round
 
     def as_dict(self) -> dict[str, Any]:
         return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
@@ -136,7 +137,8 @@ class PalmedConfig:
                 "betas": list(self.betas), "max_resources": self.max_resources,
                 "max_refine": self.max_refine, "refine_batch": self.refine_batch,
                 "fit_rounds": self.fit_rounds, "max_kernel": self.max_kernel,
-                "seed": self.seed, "max_pair_forms": self.max_pair_forms}
+                "seed": self.seed, "max_pair_forms": self.max_pair_forms,
+                "core_batch": self.core_batch}
 
 
 # --------------------------------------------------------------------------- kernel helpers
@@ -241,7 +243,7 @@ def sharing(a: str, b: str, singletons: Mapping[str, float], meas: Measurements,
     pair was not measured. 0: a and b share nothing; 1: they share their bottleneck."""
     k = pair_kernel(a, singletons[a], b, singletons[b], max_mult)
     m = meas.get(_text(k))
-    if m is None:
+    if m is None or not math.isfinite(m):
         return None
     x, y = k[a] * singletons[a], k[b] * singletons[b]
     return (m - max(x, y)) / min(x, y)
@@ -464,7 +466,7 @@ def _mix_texts(sk: Kernel, t_sk: float, forms: Sequence[str], singletons: Mappin
 
 def _core_lp(basic: Sequence[str], upper: list[tuple[Kernel, float]],
              tight: list[tuple[Kernel, float, int]], n_res: int, t_ref: float,
-             stats: _LPStats) -> dict[str, dict[int, float]]:
+             stats: _LPStats, soft: bool = False) -> dict[str, dict[int, float]]:
     """The core mapping LP, over the uses of all basic forms at once.
 
     Variables: rho[b, r] >= 0 for every basic form b and resource r, plus e+[k], e-[k] >= 0
@@ -478,6 +480,10 @@ def _core_lp(basic: Sequence[str], upper: list[tuple[Kernel, float]],
     Objective: minimise sum_k (e+[k] + e-[k]) / M(k) (relative L1 misfit: robust to noisy
     outliers, exact when the data are exact) + 1e-6 sum rho / t_ref (among equally good fits,
     prefer no phantom uses).
+    Noisy measurements (``soft``): every upper bound of kernel k gets a slack u[k] >= 0 costing
+    ``SOFT_UPPER`` / M(k): one outlier (on hardware, a neighbour's burst) must not force every
+    use down, which leaves singletons unexplained and makes the cutting plane add resource
+    after resource for the same form.
     Why an LP and not a MILP: which resource is tight in which kernel is decided outside (by
     construction of the kernels, then by the alternation in ``_fit_core_rho``), so everything
     left is linear.
@@ -485,7 +491,8 @@ def _core_lp(basic: Sequence[str], upper: list[tuple[Kernel, float]],
     nb = len(basic)
     bidx = {b: i for i, b in enumerate(basic)}
     nv_rho = nb * n_res
-    nv = nv_rho + 2 * len(tight)
+    nv_fit = nv_rho + 2 * len(tight)
+    nv = nv_fit + (len(upper) if soft else 0)
     c = np.zeros(nv)
     c[:nv_rho] = 1e-6 / t_ref
     ub_r: list[int] = []
@@ -493,12 +500,18 @@ def _core_lp(basic: Sequence[str], upper: list[tuple[Kernel, float]],
     ub_v: list[float] = []
     b_ub: list[float] = []
     row_i = 0
-    for kernel, bound in upper:
+    for j, (kernel, bound) in enumerate(upper):
+        if soft:
+            c[nv_fit + j] = SOFT_UPPER / bound
         for r in range(n_res):
             for f, n in kernel.items():
                 ub_r.append(row_i)
                 ub_c.append(bidx[f] * n_res + r)
                 ub_v.append(float(n))
+            if soft:
+                ub_r.append(row_i)
+                ub_c.append(nv_fit + j)
+                ub_v.append(-1.0)
             b_ub.append(bound)
             row_i += 1
     eq_r: list[int] = []
@@ -580,8 +593,9 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         rows: list[_Row] = []
         fixed: list[int | None] = []
         for k in tests:
-            rows.append(_Row(k, meas[_text(k)], None))
-            fixed.append(None)
+            if _ok(meas, _text(k)):
+                rows.append(_Row(k, meas[_text(k)], None))
+                fixed.append(None)
         for r, (d, t_def) in enumerate(defining):
             sk, t_sk = _sat_est(d, t_def, target, cfg.max_kernel)
             texts = _mix_texts(sk, t_sk, bas, singletons, cfg.betas, cfg.max_kernel)
@@ -589,22 +603,26 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
             if missing:
                 need_set |= missing
                 continue
-            rows.append(_Row(sk, meas[_text(sk)], r))
-            fixed.append(r)
+            if _ok(meas, _text(sk)):
+                rows.append(_Row(sk, meas[_text(sk)], r))
+                fixed.append(r)
             for b in bas:
                 for beta in cfg.betas:
                     base, k = mix(sk, t_sk, b, singletons[b], beta, cfg.max_kernel)
-                    rows.append(_Row(base, meas[_text(base)], r))
-                    fixed.append(r)
-                    rows.append(_Row(k, meas[_text(k)], r))
-                    fixed.append(r)
+                    for kk in (base, k):
+                        if _ok(meas, _text(kk)):
+                            rows.append(_Row(kk, meas[_text(kk)], r))
+                            fixed.append(r)
         if need_set:
             return Step(need=sorted(need_set), state=defining)
         rho = _fit_core_rho(bas, rows, fixed, len(defining), t_ref, cfg, stats)
         # cutting plane: the most under-predicted test defines a missing resource
         worst: tuple[float, str, Kernel] | None = None
+        cands: list[tuple[float, str, Kernel]] = []
         used = {_text(_reduce(d)) for d, _ in defining}
         for k in tests:
+            if not _ok(meas, _text(k)):
+                continue
             m = meas[_text(k)]
             pred = float(_predict(rho, len(defining), k).max()) if defining else 0.0
             gap = (m - pred) / m
@@ -612,6 +630,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
             # resource defined by noise would mislead every later stage
             if gap > 2 * cfg.tol and _text(_reduce(k)) not in used:
                 key = (-round(gap, 9), _text(k), k)
+                cands.append(key)
                 if worst is None or key[:2] < (worst[0], worst[1]):
                     worst = (key[0], key[1], k)
         if worst is None or len(defining) >= cfg.max_resources:
@@ -619,9 +638,20 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
             core = Core(basic=bas, defining=[d for d, _ in defining], rho=rho, tests=test_texts,
                         t_defining=[t for _, t in defining])
             return Step(need=[], result=core, state=defining)
-        log(f"core: resource R{len(defining):02d} from {worst[1]} "
-            f"(under-predicted by {-worst[0]:.1%})")
-        defining.append(_source_time(worst[2], meas))
+        # core_batch > 1 (hardware: fewer measurement rounds): also the next most
+        # under-predicted tests that share no form with those taken this round
+        taken: set[str] = set()
+        added = 0
+        for gap, text, k in sorted(cands, key=lambda c: c[:2]):
+            if added >= cfg.core_batch or len(defining) >= cfg.max_resources:
+                break
+            if set(k) & taken:
+                continue
+            taken |= set(k)
+            log(f"core: resource R{len(defining):02d} from {text} "
+                f"(under-predicted by {-gap:.1%})")
+            defining.append(_source_time(k, meas))
+            added += 1
 
 
 def _fit_core_rho(bas: list[str], rows: list[_Row], fixed: list[int | None], n_res: int,
@@ -635,7 +665,8 @@ def _fit_core_rho(bas: list[str], rows: list[_Row], fixed: list[int | None], n_r
     rho: dict[str, dict[int, float]] = {}
     for _ in range(cfg.fit_rounds):
         tight = [(r.kernel, r.cycles, r.designated) for r in rows if r.designated is not None]
-        rho = _core_lp(bas, upper, tight, n_res, t_ref, stats)  # type: ignore[arg-type]
+        rho = _core_lp(bas, upper, tight, n_res, t_ref, stats,  # type: ignore[arg-type]
+                       soft=cfg.tol >= NOISY_TOL)
         before = [r.designated for r in rows]
         _redesignate(rows, fixed, rho, n_res, cfg.tol)
         if before == [r.designated for r in rows]:
@@ -753,6 +784,12 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
     return {r: float(x[r]) for r in range(n_res) if x[r] > max(tol, 1e-9) * t_form}
 
 
+def _ok(meas: Measurements, text: str) -> bool:
+    """Measured, and not a failed measurement (NaN)."""
+    v = meas.get(text)
+    return v is not None and math.isfinite(v)
+
+
 def _count(text: str, form: str) -> int:
     return parse_canonical(text).get(form, 0)
 
@@ -763,13 +800,15 @@ def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
     rows: list[_Row] = [_Row({form: 1}, singletons[form], None)]
     fixed: list[int | None] = [None]
     for text in pair_index.get(form, []):
-        rows.append(_Row(parse_canonical(text), meas[text], None))
-        fixed.append(None)
+        if _ok(meas, text):
+            rows.append(_Row(parse_canonical(text), meas[text], None))
+            fixed.append(None)
     for r, (sk, t_sk) in enumerate(saturating):
         for beta in cfg.betas:
             base, k = mix(dict(sk), t_sk, form, singletons[form], beta, cfg.max_kernel)
-            rows.append(_Row(k, meas[_text(k)], r, _text(base)))
-            fixed.append(r)
+            if _ok(meas, _text(k)) and _ok(meas, _text(base)):
+                rows.append(_Row(k, meas[_text(k)], r, _text(base)))
+                fixed.append(r)
     return rows, fixed
 
 
@@ -835,7 +874,7 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         known = set(forms)
         for text, m in meas.items():
             k = parse_canonical(text)
-            if not set(k) <= known or m <= 0:
+            if not set(k) <= known or not (math.isfinite(m) and m > 0):
                 continue
             pred = float(_predict(rho, n_res, k).max()) if n_res else 0.0
             gap = (m - pred) / m
@@ -901,6 +940,7 @@ def build_model(forms: Sequence[str], measure: Callable[[list[str]], Sequence[fl
     meas: dict[str, float] = {}
     counts: dict[str, int] = {}
     calls: dict[str, int] = {}
+    failed: list[str] = []
     wall: dict[str, float] = {}
     lp: dict[str, dict[str, float]] = {}
 
@@ -912,14 +952,21 @@ def build_model(forms: Sequence[str], measure: Callable[[list[str]], Sequence[fl
             if len(values) != len(todo):
                 raise RuntimeError(f"measure returned {len(values)} values for {len(todo)}")
             for k, v in zip(todo, values, strict=True):
-                if not (math.isfinite(v) and v > 0):
-                    raise RuntimeError(f"measurement of {k!r} is not a positive number: {v}")
-                meas[k] = float(v)
+                # a kernel that could not be measured stays known as NaN: never asked again,
+                # left out of every LP (on hardware a few mixed memory kernels fail)
+                ok = math.isfinite(v) and v > 0
+                meas[k] = float(v) if ok else math.nan
+                if not ok:
+                    failed.append(k)
         counts[stage] = counts.get(stage, 0) + len(todo)
         log(f"{stage}: measured {len(todo)} kernels")
 
     t0 = time.perf_counter()
     run("singletons", singleton_kernels(forms))
+    dropped = [f for f in forms if not _ok(meas, _text({f: 1}))]
+    forms = [f for f in forms if f not in dropped]
+    if len(forms) < 2:
+        raise RuntimeError(f"fewer than two forms measured ok (failed: {dropped})")
     singletons = {f: meas[_text({f: 1})] for f in forms}
     wall["singletons"] = time.perf_counter() - t0
 
@@ -988,6 +1035,7 @@ def build_model(forms: Sequence[str], measure: Callable[[list[str]], Sequence[fl
         })
     stats = {"kernels": dict(counts), "total_kernels": sum(counts.values()),
              "measure_rounds": dict(calls), "n_forms": len(forms),
+             "failed_kernels": len(failed), "failed_singletons": dropped,
              "n_pair_forms": len(cands), "lp": lp,
              "wall_seconds": wall, "n_resources": len(names), "n_core_resources": core.n_resources,
              "n_basic": len(basic.basic), "n_classes": len(basic.classes)}
