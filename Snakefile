@@ -20,6 +20,9 @@ include: "workflow/rules/isa.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/db.smk"
 include: "workflow/rules/model.smk"
+include: "workflow/rules/suite.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/roofline.smk"
 
 
 localrules:
@@ -31,4 +34,7 @@ rule all:
         summary=expand(SINGLETON_SUMMARY, mid=MACHINE_ID),
         singletons=expand(SINGLETON_TABLE, mid=MACHINE_ID),
         model=expand(MODEL_REPORT, mid=MACHINE_ID) if config["model"]["enabled"] else [],
+        suite=rules.suite_all.input if config["suite"]["enabled"] else [],
+        evaluation=rules.eval_all.input if config["suite"]["enabled"] else [],
+        roofline=expand(ROOF_SECTION, mid=MACHINE_ID) if ROOF["enabled"] else [],
     default_target: True

@@ -6,5 +6,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 bash scripts/install.sh
+bash scripts/install-slurm.sh  # Debian slurmctld/slurmd/munge for tests/test_slurm.py
 .venv/bin/ruff check src tests workflow benchmarks
 exec .venv/bin/pytest -q "$@"

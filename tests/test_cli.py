@@ -53,7 +53,9 @@ def test_measure_json_add_and_linearity(results):
     two = fastest(results, "ADD_R64_R64*2")
     assert one["forms"] == ["ADD_R64_R64"] and one["n_insns"] == 1
     assert one["clock"] in ("papi", "tsc-calibrated")
-    assert one["repetitions"] == 10
+    # a repetition disturbed so much that f2 - f1 <= 0 is stored as failed, never as ok
+    assert one["repetitions"] + one["failed_repetitions"] == 10
+    assert one["repetitions"] >= 5
     # at most 8 simple integer ALUs on any x86 core, at least one per cycle
     assert 0.12 <= one["cycles"] <= 1.0
     assert one["ipc"] == pytest.approx(1 / one["cycles"])

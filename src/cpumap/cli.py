@@ -1,4 +1,4 @@
-"""Command-line tool: measure kernels, inspect the catalogue and the machine.
+"""Command-line tool: measure and predict kernels, count basic blocks, rooflines, archives.
 
 Exit codes: 0 success, 1 a measurement or tool failure, 2 bad input (unknown instruction, bad
 option), so that scripts can tell "you asked for something impossible" from "it broke".
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import asmgen, campaign, db, harness, io, isa, machine
+from . import archive, asmgen, campaign, counting, db, harness, io, isa, machine, merge
+from .roofline import cli as roofline_cli
 
 DEFAULT_BENCH = {"unroll_size": 200, "total_insn": 200_000, "num_measures": 10, "rounds": 5,
                  "max_call_ms": 1.0, "warmup": 2,
@@ -94,6 +95,7 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool) -> dict:
         "ipc": float(agg["n_insns"]) / cyc, "f2_per_instance": float(agg["f2_per_instance"]),
         "nonlinearity": float(agg["nonlinearity"]), "clock": str(ok.clock.iloc[0]),
         "insn_source": str(ok.insn_source.iloc[0]), "repetitions": int(len(ok)),
+        "failed_repetitions": int(len(rows) - len(ok)),
         "calib_ratio": float(ok.calib_ratio.median()), "machine_id": str(ok.machine_id.iloc[0]),
         "params_id": str(ok.params_id.iloc[0]), "cached": cached,
     }
@@ -245,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     mc = sub.add_parser("machine", help="describe this machine")
     mc.add_argument("--json", action="store_true")
     mc.set_defaults(fn=cmd_machine)
+    counting.add_parser(sub)  # count-blocks
+    archive.add_parsers(sub)  # archive, restore
+    merge.add_parser(sub)  # merge
+    roofline_cli.add_parser(sub)  # roofline
     return p
 
 

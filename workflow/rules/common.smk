@@ -56,6 +56,98 @@ MODEL_JSON = f"{MDIR}/model/model.json"
 MODEL_REPORT = f"{MDIR}/model/report.md"
 LOGS = f"{MDIR}/logs"
 
+# Real-kernel suite (issue 4, H-suite): {bench} is <kernel>.<flagset> or a user entry's name.
+SUITE_BIN = f"{MDIR}/suite/bin/{{bench}}"
+SUITE_BIN_META = f"{MDIR}/suite/bin/{{bench}}.json"
+EVAL_BLOCKS = f"{MDIR}/evaluate/blocks/{{bench}}.parquet"
+EVAL_COUNTS = f"{MDIR}/evaluate/counts/{{bench}}.parquet"
+EVAL_COUNTS_META = f"{MDIR}/evaluate/counts/{{bench}}.json"
+EVAL_CYCLES = f"{MDIR}/evaluate/cycles/{{bench}}.json"
+SUITE_USER = {u["name"]: u for u in config["suite"]["user"]}
+SUITE_BENCHMARKS = (
+    [f"{k}.{f}" for k in config["suite"]["kernels"] for f in config["suite"]["flagsets"]]
+    + list(SUITE_USER)
+    if config["suite"]["enabled"]
+    else []
+)
+
+
+def suite_binary(wildcards):
+    """The benchmark's binary: built by suite_build, or a user entry's own path."""
+    user = SUITE_USER.get(wildcards.bench)
+    return user["binary"] if user else SUITE_BIN.format(mid=wildcards.mid, bench=wildcards.bench)
+
+
+# Analyzer evaluation (issue 4 items 5-7, H-eval; rules in evaluate.smk).
+EVAL = config["evaluate"]
+EDIR = f"{MDIR}/evaluate"
+# EVAL_BLOCKS, EVAL_COUNTS, EVAL_CYCLES, SUITE_BENCHMARKS and suite_binary: common.smk ({bench})
+EVAL_PRED = f"{EDIR}/predictions/{{analyzer}}/{{bench}}.parquet"
+EVAL_PRED_META = f"{EDIR}/predictions/{{analyzer}}.json"
+EVAL_CACHEGRIND = f"{EDIR}/cachegrind/{{bench}}.json"
+EVAL_SUITE_FORMS = f"{EDIR}/suite_forms.txt"
+EVAL_KERNELS = f"{EDIR}/kernels.tsv"
+EVAL_METRICS = f"{EDIR}/metrics.tsv"
+EVAL_METRICS_JSON = f"{EDIR}/metrics.json"
+EVAL_REPORT = f"{MDIR}/report/index.html"
+
+
+def eval_analyzers_run():
+    """Analyzers that run in this configuration (model only when the model stage runs)."""
+    return [a for a in EVAL["analyzers"] if a != "model" or config["model"]["enabled"]]
+
+
+def eval_benchmark_files(pattern):
+    """``pattern`` for every benchmark, other wildcards ({mid}, {analyzer}) left open."""
+    return expand(pattern, bench=SUITE_BENCHMARKS, allow_missing=True)
+
+
+def eval_predictions(wildcards):
+    return [p for a in eval_analyzers_run()
+            for p in expand(eval_benchmark_files(EVAL_PRED), mid=wildcards.mid, analyzer=a)]
+
+
+def eval_prediction_meta(wildcards):
+    return [EVAL_PRED_META.format(mid=wildcards.mid, analyzer=a) for a in eval_analyzers_run()]
+
+
+def eval_cachegrind_files(wildcards):
+    """Cachegrind results of the suite's benchmarks (user benchmarks, without a driver that
+    takes --reps, are not checked)."""
+    if not EVAL["cachegrind"]:
+        return []
+    suite = [b for b in SUITE_BENCHMARKS if b not in SUITE_USER]
+    return expand(EVAL_CACHEGRIND, mid=wildcards.mid, bench=suite)
+
+
+#: HTML fragment files other stages add to the report as sections (e.g. the roofline): paths
+#: with {mid}, appended by their rule files (EVAL_REPORT_EXTRA.append(...)). Each fragment's
+#: first <h2> is its section title (cpumap.report.fragment_section).
+EVAL_REPORT_EXTRA = []
+
+
+# Roofline (issue 5, H-roof; rules in roofline.smk).
+ROOF = config["roofline"]
+ROOF_DIR = f"{MDIR}/roofline"
+ROOF_BW_BIN = f"{MDIR}/bin/bw_sweep"
+ROOF_COMPUTE_PART = f"{MDIR}/db/part-roofline-compute.parquet"
+ROOF_COMPUTE = f"{ROOF_DIR}/compute.json"
+ROOF_SWEEP = f"{ROOF_DIR}/sweep.parquet"
+ROOF_CEILINGS = f"{ROOF_DIR}/ceilings.json"
+ROOF_POINTS = f"{ROOF_DIR}/points.parquet"
+ROOF_PLOTS = f"{ROOF_DIR}/plots"
+ROOF_SECTION = f"{ROOF_DIR}/section.html"
+ROOF_SUMMARY = f"{ROOF_DIR}/summary.json"
+
+
+def roofline_point_benchmarks():
+    """<kernel>.<flagset> of the kernel points (suite binaries built by suite_build)."""
+    pts = ROOF["points"]
+    if not (ROOF["enabled"] and pts["enabled"] and config["suite"]["enabled"]):
+        return []
+    flagsets = pts["flagsets"] or list(config["suite"]["flagsets"])
+    return [f"{k}.{f}" for k in pts["kernels"] for f in flagsets]
+
 
 def quick_list_input(wildcards):
     """The quick form list is an input only when it is used, so editing it reruns the plan."""
