@@ -14,37 +14,10 @@ STAMP="$VENV/.cpumap-install.stamp"
 
 log() { printf 'install: %s\n' "$*" >&2; }
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo "$@"
-    else
-        log "need root (or sudo) to run: $*"
-        return 1
-    fi
-}
-
 # --- 1. system packages -------------------------------------------------------
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-    status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
-    if [ "$status" != "install ok installed" ]; then
-        missing+=("$pkg")
-    fi
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing Debian packages: ${missing[*]}"
-    # Refresh the package lists only when they are missing or older than a day.
-    fresh="$(find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mtime -1 2>/dev/null | head -n 1)"
-    if [ -z "$fresh" ]; then
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update
-    fi
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        "${missing[@]}"
-else
-    log "Debian packages present"
-fi
+# shellcheck source=apt-lib.sh
+source "$ROOT/scripts/apt-lib.sh"
+apt_install_missing install "${APT_PACKAGES[@]}"
 
 # --- 2. Python environment ----------------------------------------------------
 PYTHON="${PYTHON:-python3}"

@@ -107,24 +107,25 @@ def _default_build_dir() -> Path:
     return cache / "cpumap" / f"harness-{HARNESS_VERSION}"
 
 
-def build_harness(out_dir: Path, *, source: Path = HARNESS_SRC, cc: str = "gcc") -> Path:
-    """Compile papi_bench into out_dir (reusing a binary newer than the source); return its path.
+def build_c_program(source: Path, out: Path, *, cflags: tuple[str, ...],
+                    libs: tuple[str, ...], cc: str = "gcc") -> Path:
+    """Compile one C program that includes cpumap_clock.h into `out` (reused when newer than
+    both sources); return `out`.
 
     The binary is written to a temporary name and renamed, so a concurrent or interrupted build
     never leaves a half-written executable behind.
     """
-    out_dir = Path(out_dir)
-    out = out_dir / "papi_bench"
+    source, out = Path(source), Path(out)
     header = source.parent / CLOCK_HEADER.name
     newest = max(source.stat().st_mtime, header.stat().st_mtime if header.exists() else 0.0)
     if out.exists() and out.stat().st_mtime >= newest:
         return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=".papi_bench.", dir=out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        cmd = [cc, *CFLAGS, "-I", str(source.parent), "-o", str(tmp), str(source), *LIBS]
+        cmd = [cc, *cflags, "-I", str(source.parent), "-o", str(tmp), str(source), *libs]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise HarnessError(f"building {source} failed:\n{proc.stderr}")
@@ -133,6 +134,11 @@ def build_harness(out_dir: Path, *, source: Path = HARNESS_SRC, cc: str = "gcc")
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def build_harness(out_dir: Path, *, source: Path = HARNESS_SRC, cc: str = "gcc") -> Path:
+    """Compile papi_bench into out_dir; return its path."""
+    return build_c_program(source, Path(out_dir) / "papi_bench", cflags=CFLAGS, libs=LIBS, cc=cc)
 
 
 def _describe_exit(returncode: int) -> str:

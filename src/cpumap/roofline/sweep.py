@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,10 +31,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..harness import HARNESS_DIR
+from ..harness import HARNESS_DIR, HarnessError, build_c_program
 
 SWEEP_SRC = HARNESS_DIR / "bw_sweep.c"
-CLOCK_HEADER = HARNESS_DIR / "cpumap_clock.h"
 KINDS = ("read", "write", "copy", "triad", "ntwrite")
 CFLAGS = ("-O2", "-std=gnu11", "-Wall", "-Wextra", "-mavx2", "-mfma", "-pthread")
 LIBS = ("-lpapi",)
@@ -49,26 +46,11 @@ class SweepError(RuntimeError):
 
 def build_sweep(out_dir: Path, *, source: Path = SWEEP_SRC, cc: str = "gcc") -> Path:
     """Compile bw_sweep into out_dir (reused when newer than its sources); return its path."""
-    out_dir = Path(out_dir)
-    out = out_dir / "bw_sweep"
-    header = source.parent / CLOCK_HEADER.name
-    newest = max(source.stat().st_mtime, header.stat().st_mtime)
-    if out.exists() and out.stat().st_mtime >= newest:
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=".bw_sweep.", dir=out_dir)
-    os.close(fd)
-    tmp = Path(tmp_name)
     try:
-        cmd = [cc, *CFLAGS, "-I", str(source.parent), "-o", str(tmp), str(source), *LIBS]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise SweepError(f"building {source} failed:\n{proc.stderr}")
-        tmp.chmod(0o755)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+        return build_c_program(source, Path(out_dir) / "bw_sweep", cflags=CFLAGS, libs=LIBS,
+                               cc=cc)
+    except HarnessError as exc:
+        raise SweepError(str(exc)) from exc
 
 
 # ----------------------------------------------------------------------------- sizes
