@@ -120,7 +120,7 @@ class PalmedConfig:
 
     tol: float = 0.02
     max_mult: int = 8
-    max_basic: int = 16
+    max_basic: int = 28
     core_tests: int | None = None  # random kernels of basic instructions; None = 8 x |basic|
     sat_factor: float = 4.0  # saturating kernels take ~ sat_factor x the slowest basic form
     betas: tuple[float, ...] = (1.0, 0.25, 1.0 / 16)
