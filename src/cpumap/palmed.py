@@ -842,6 +842,37 @@ def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float]
     return rho
 
 
+def _explained(rho: dict[str, dict[int, float]], defining: list[Kernel],
+               saturating: list[Kernel], forms: Sequence[str],
+               singletons: Mapping[str, float], cfg: PalmedConfig,
+               log: Log) -> tuple[dict[str, dict[int, float]], list[Kernel], list[Kernel]]:
+    """Last safety net: every form's model explains its own singleton.
+
+    When refinement stops (``max_refine``, ``max_resources``) a form may still lack its
+    bottleneck resource; predicting (almost) nothing for it would make any kernel holding it
+    look free (seen: 900% IPC errors on a 300-form machine). A form predicted below
+    t(form)(1 - tol) alone gets its uses scaled up to t(form); a form with no use at all gets a
+    resource of its own (defining kernel: the form alone).
+    """
+    rho = {f: dict(v) for f, v in rho.items()}
+    defining, saturating = list(defining), list(saturating)
+    for f in forms:
+        uses = rho.get(f, {})
+        p = max(uses.values(), default=0.0)
+        t = singletons[f]
+        if p >= t * (1 - max(cfg.tol, 1e-9)):
+            continue
+        if p > 1e-9 * t:
+            rho[f] = {r: v * t / p for r, v in uses.items()}
+            log(f"explain: {f} predicted {p:.4g} alone, measured {t:.4g}: uses scaled")
+        else:
+            rho[f] = {len(defining): t}
+            defining.append({f: 1})
+            saturating.append({f: 1})
+            log(f"explain: {f} has no use: resource R{len(defining) - 1:02d} of its own")
+    return rho, defining, saturating
+
+
 def _misfit(rho: Mapping[str, Mapping[int, float]], n_res: int,
             checks: Sequence[tuple[Kernel, float]]) -> float:
     """RMS relative error of the predicted cycles of (kernel, measured cycles) pairs."""
@@ -916,9 +947,9 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
             if now_s > prev_s * (1 - REFINE_GAIN):
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
                     f"{now_s:.2%} vs {prev_s:.2%} without it)")
-                return Step(need=[], result=(prev, defining[:n_prev],
-                                             [sk for sk, _ in saturating[:n_prev]]),
-                            state=[r for r in refined if r[2] != rounds - 1])
+                return Step(need=[], result=_explained(
+                    prev, defining[:n_prev], [sk for sk, _ in saturating[:n_prev]], forms,
+                    singletons, cfg, log), state=[r for r in refined if r[2] != rounds - 1])
             log(f"refine: round {rounds - 1} kept (misfit {now_s:.2%} vs {prev_s:.2%})")
         # refinement: measured kernels the model under-predicts reveal missing resources
         cands: list[tuple[float, str]] = []
@@ -939,8 +970,9 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
             if cands:
                 log(f"refine: stopping with {len(cands)} under-predicted kernels "
                     f"(worst {-cands[0][0]:.1%})")
-            return Step(need=[], result=(rho, defining, [sk for sk, _ in saturating]),
-                        state=refined)
+            return Step(need=[], result=_explained(
+                rho, defining, [sk for sk, _ in saturating], forms, singletons, cfg, log),
+                state=refined)
         added: list[Kernel] = []
         taken: set[str] = set()
         for gap, text in cands:
