@@ -66,10 +66,10 @@ def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedCo
         # hardware: every measurement round starts the harness bench.rounds times, and real
         # cores are not exactly resource models (memory forms), so the cutting plane would
         # go on adding resources: several per round, and fewer in all
-        return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 16)),
+        return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 28)),
                             seed=int(model_cfg.get("seed", 0)), core_batch=NATIVE_CORE_BATCH,
                             max_resources=NATIVE_MAX_RESOURCES)
-    return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 16)),
+    return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 28)),
                         seed=int(model_cfg.get("seed", 0)))
 
 
