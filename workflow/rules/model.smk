@@ -2,6 +2,13 @@
 # Palmed's stages after the singletons choose their kernels from earlier measurements in
 # data-dependent loops; they run in one job that stores every measurement in the DB as it is
 # made (see cpumap.modelling), so a rerun rebuilds the model from the raw rows alone.
+# Why not one checkpoint per stage: the core mapping and the refinement are loops of 5-16
+# rounds whose next kernels depend on an LP solved over everything measured so far; as
+# checkpoints each round would be a job re-reading the DB and re-solving the previous LPs
+# (the core LPs are most of the fit's time on hardware), and the number of rounds is only
+# known at the end. Each measurement round is one DB part (batch id palmedNNN-<hash>) and
+# model/stats.json + model/report.md record, per stage, the kernels measured, measurement
+# rounds, LP solves and seconds, and wall seconds.
 
 
 rule fit_model:
