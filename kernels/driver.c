@@ -1,18 +1,25 @@
 /*
  * driver.c -- main() of every real-kernel benchmark of the suite (see driver.h).
  *
- *   BIN [--n N] [--reps K] [--cold] [--cpu C]
+ *   BIN [--n N] [--reps K] [--cold] [--cpu C] [--min-ticks T]
  *
  * Sets up the kernel's data of problem size N (default: the kernel's L1-resident size), then
  * K times: (--cold: evict the data caches) timestamp, kernel_<name>(...), timestamp.  Prints
  * ONE JSON line on stdout:
- *   {"kernel", "n", "reps", "clock": "papi"|"tsc-calibrated", "cycles_per_tick",
+ *   {"kernel", "n", "reps", "inner", "clock": "papi"|"tsc-calibrated", "cycles_per_tick",
  *    "ticks": [...], "cycles": [...], "bytes_footprint", "checksum"}
  * With PAPI counters the cycles are counted (cycles_per_tick null); without (a KVM guest) they
  * are TSC ticks times core cycles per tick, measured on a dependent add chain before and
  * after the repetitions (cpumap_clock.h).  There is no warm-up call outside the K timed ones,
  * so `--reps 1` calls the kernel exactly once (what gdb counting relies on); the caller keeps
  * the minimum over repetitions.
+ *
+ * --min-ticks T (warm runs only): the TSC of a KVM guest advances in steps (26 ticks = ~37
+ * core cycles on the reference machine), too coarse for a kernel call of a few hundred cycles.
+ * With T > 0, R (a power of two) is doubled until R back-to-back calls last at least T
+ * ticks, and every repetition then times R calls; "inner" is R and
+ * "cycles" are per call (ticks / R x ratio).  The default T = 0 keeps R = 1 and the exact
+ * number of calls (Cachegrind and Callgrind runs difference call counts).
  *
  * Exit codes: 0 ok, 2 bad arguments.
  */
@@ -97,13 +104,13 @@ static long parse_long(const char *opt, const char *v, long lo)
 
 static void usage(const char *prog)
 {
-    fprintf(stderr, "usage: %s [--n N] [--reps K] [--cold] [--cpu C]\n", prog);
+    fprintf(stderr, "usage: %s [--n N] [--reps K] [--cold] [--cpu C] [--min-ticks T]\n", prog);
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    long n = KERNEL_DESC.default_n, reps = 1, cpu = -1;
+    long n = KERNEL_DESC.default_n, reps = 1, cpu = -1, min_ticks = 0, inner = 1;
     int cold = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc)
@@ -112,6 +119,8 @@ int main(int argc, char **argv)
             reps = parse_long("--reps", argv[++i], 1);
         else if (!strcmp(argv[i], "--cpu") && i + 1 < argc)
             cpu = parse_long("--cpu", argv[++i], 0);
+        else if (!strcmp(argv[i], "--min-ticks") && i + 1 < argc)
+            min_ticks = parse_long("--min-ticks", argv[++i], 0);
         else if (!strcmp(argv[i], "--cold"))
             cold = 1;
         else
@@ -135,6 +144,17 @@ int main(int argc, char **argv)
     long long *counted = drv_alloc((size_t)reps * sizeof *counted);
     int papi = papi_start();
     double ratio = papi ? 0.0 : calibrate();
+    if (min_ticks > 0 && !cold) {
+        /* double R until R untimed-for-the-record calls last min_ticks (the first call, with
+         * its page faults and cold caches, would underestimate R if timed alone) */
+        for (inner = 1; inner < (1L << 24); inner *= 2) {
+            uint64_t t0 = tsc_begin();
+            for (long k = 0; k < inner; k++)
+                KERNEL_DESC.run();
+            if (tsc_end() - t0 >= (uint64_t)min_ticks)
+                break;
+        }
+    }
     for (long r = 0; r < reps; r++) {
         if (cold)
             evict();
@@ -142,7 +162,8 @@ int main(int argc, char **argv)
         if (papi)
             PAPI_read(papi_set, c0);
         uint64_t t0 = tsc_begin();
-        KERNEL_DESC.run();
+        for (long k = 0; k < inner; k++)
+            KERNEL_DESC.run();
         uint64_t t1 = tsc_end();
         if (papi)
             PAPI_read(papi_set, c1);
@@ -152,9 +173,9 @@ int main(int argc, char **argv)
     if (!papi)
         ratio = (ratio + calibrate()) / 2.0;
     double sum = KERNEL_DESC.checksum();
-    printf("{\"kernel\": \"%s\", \"n\": %ld, \"reps\": %ld, \"clock\": \"%s\", "
+    printf("{\"kernel\": \"%s\", \"n\": %ld, \"reps\": %ld, \"inner\": %ld, \"clock\": \"%s\", "
            "\"cycles_per_tick\": ",
-           KERNEL_DESC.name, n, reps, papi ? "papi" : "tsc-calibrated");
+           KERNEL_DESC.name, n, reps, inner, papi ? "papi" : "tsc-calibrated");
     if (papi)
         printf("null");
     else
@@ -165,9 +186,9 @@ int main(int argc, char **argv)
     printf("], \"cycles\": [");
     for (long r = 0; r < reps; r++) {
         if (papi)
-            printf("%s%lld", r ? ", " : "", counted[r]);
+            printf("%s%.1f", r ? ", " : "", (double)counted[r] / (double)inner);
         else
-            printf("%s%.1f", r ? ", " : "", (double)ticks[r] * ratio);
+            printf("%s%.1f", r ? ", " : "", (double)ticks[r] * ratio / (double)inner);
     }
     printf("], \"bytes_footprint\": %zu, \"checksum\": ", footprint);
     if (sum == sum && sum - sum == 0.0)

@@ -40,8 +40,10 @@ def test_driver_contract_and_identical_checksums(built):
     for k in KERNELS:
         sums = set()
         for f in suite.FLAGSETS:
-            out = suite.measure_kernel(built[f"{k}.{f}"], reps=3)
+            # min_ticks=0: exactly 3 calls, so every flag set's checksum covers the same work
+            out = suite.measure_kernel(built[f"{k}.{f}"], reps=3, min_ticks=0)
             assert out["kernel"] == k and out["reps"] == 3 and len(out["ticks"]) == 3
+            assert out["inner"] == 1
             assert out["clock"] in ("papi", "tsc-calibrated")
             assert (out["cycles_per_tick"] is None) == (out["clock"] == "papi")
             assert 0 < out["bytes_footprint"] <= 32 * 1024, "default size is L1-resident"
@@ -49,6 +51,22 @@ def test_driver_contract_and_identical_checksums(built):
             sums.add(out["checksum"])
         # no -ffast-math: every flag set computes the same numbers
         assert len(sums) == 1, (k, sums)
+
+
+def test_min_ticks_times_back_to_back_calls_and_reports_per_call(built):
+    """A warm repetition of a short kernel times R calls (>= min_ticks ticks); cycles are per
+    call, so they agree with timing single calls, minus the TSC's coarse steps."""
+    one = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=0)
+    many = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=50_000)
+    assert one["inner"] == 1 and many["inner"] > 1
+    assert min(many["ticks"]) >= 50_000 * 0.5  # a repetition lasts about min_ticks or more
+    per_call_ticks = min(many["ticks"]) / many["inner"]
+    assert many["cycles_min"] == pytest.approx(per_call_ticks * many["cycles_per_tick"],
+                                               rel=1e-3) if many["clock"] != "papi" else True
+    # single calls are quantised to the TSC step, not slower by more than a step or two plus
+    # the per-call loop; many calls are never slower per call than the fastest single one
+    # by more than the host's interference (min over 5)
+    assert many["cycles_min"] <= one["cycles_min"] * 1.25
 
 
 def test_driver_n_scales_and_bad_arguments_exit_2(built):

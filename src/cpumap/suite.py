@@ -121,9 +121,15 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# A timed repetition of a warm run lasts at least this many TSC ticks (~19 us at 2.6 GHz): the
+# guest's TSC advances in steps of 26 ticks, so a 200-cycle call timed alone would be off by up
+# to 17 %; 50,000 ticks bring the step below 0.06 %.
+MIN_SAMPLE_TICKS = 50_000
+
+
 def driver_args(n: int | None = None, reps: int = 1, cold: bool = False,
-                cpu: int | None = None) -> list[str]:
-    """The driver's command-line arguments (CONTRACTS "Driver CLI")."""
+                cpu: int | None = None, min_ticks: int = 0) -> list[str]:
+    """The driver's command-line arguments (kernels/driver.c)."""
     args: list[str] = []
     if n is not None:
         args += ["--n", str(int(n))]
@@ -132,6 +138,8 @@ def driver_args(n: int | None = None, reps: int = 1, cold: bool = False,
         args.append("--cold")
     if cpu is not None:
         args += ["--cpu", str(int(cpu))]
+    if min_ticks and not cold:
+        args += ["--min-ticks", str(int(min_ticks))]
     return args
 
 
@@ -150,15 +158,20 @@ def parse_driver_output(stdout: str) -> dict[str, Any]:
             raise SuiteError(f"driver output lacks {key!r}")
     if len(out["cycles"]) != out["reps"] or not out["cycles"]:
         raise SuiteError("driver output: cycles do not match reps")
+    out.setdefault("inner", 1)
     out["cycles_min"] = float(min(out["cycles"]))
     out["cycles_median"] = float(sorted(out["cycles"])[len(out["cycles"]) // 2])
     return out
 
 
 def measure_kernel(binary: Path | str, n: int | None = None, reps: int = 10, cold: bool = False,
-                   cpu: int | None = None, timeout: float = 120.0) -> dict[str, Any]:
-    """Run a suite binary's driver once (K repetitions inside) and return its JSON + cycles_min."""
-    cmd = [str(binary), *driver_args(n, reps, cold, cpu)]
+                   cpu: int | None = None, timeout: float = 120.0,
+                   min_ticks: int = MIN_SAMPLE_TICKS) -> dict[str, Any]:
+    """Run a suite binary's driver once (K repetitions inside) and return its JSON + cycles_min.
+
+    Warm runs time back-to-back calls for at least ``min_ticks`` per repetition (cycles are
+    still per call); cold runs time every call alone, after the eviction."""
+    cmd = [str(binary), *driver_args(n, reps, cold, cpu, min_ticks)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -190,7 +203,7 @@ def benchmark_args(benchmark: str, user: dict | None = None, n_map: dict | None 
 
 def cycles_record(benchmark: str, binary: Path | str, user: dict | None = None,
                   n_map: dict | None = None, reps: int = 10,
-                  cpu: int | None = None) -> dict[str, Any]:
+                  cpu: int | None = None, min_ticks: int = MIN_SAMPLE_TICKS) -> dict[str, Any]:
     """Whole-kernel cycles of a benchmark (evaluate/cycles/<benchmark>.json).
 
     ``available`` is false, with the reason, for a user binary without the driver: it has no
@@ -203,6 +216,8 @@ def cycles_record(benchmark: str, binary: Path | str, user: dict | None = None,
     args = benchmark_args(benchmark, user, n_map, reps)
     if cpu is not None:
         args += ["--cpu", str(int(cpu))]
+    if min_ticks:
+        args += ["--min-ticks", str(int(min_ticks))]
     cmd = [str(binary), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

@@ -66,6 +66,7 @@ rule suite_cycles:
         n=config["suite"]["n"],
         reps=config["suite"]["reps"],
         cpu=config["suite"]["cpu"],
+        min_ticks=config["suite"]["min_sample_ticks"],
     threads: 1
     resources:
         # whole-kernel cycles are a measurement: one at a time (profiles/default)

@@ -15,7 +15,8 @@ from cpumap.suite import cycles_record  # noqa: E402
 
 bench = snakemake.wildcards.bench
 rec = cycles_record(bench, snakemake.input.binary, snakemake.params.user,
-                    dict(snakemake.params.n), int(snakemake.params.reps), snakemake.params.cpu)
+                    dict(snakemake.params.n), int(snakemake.params.reps), snakemake.params.cpu,
+                    int(snakemake.params.min_ticks))
 write_json_atomic(rec, snakemake.output.cycles)
 if rec["available"]:
     print(f"{bench}: min {rec['cycles_min']:.0f} cycles over {rec['reps']} calls "
