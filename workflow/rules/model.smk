@@ -20,6 +20,13 @@ rule fit_model:
         harness=HARNESS_BIN,
         # model.extra_forms is an input when set: editing the list refits the model
         extra=lambda wildcards: [p] if (p := config["model"].get("extra_forms")) else [],
+        # model.suite_forms: the forms of the real kernels' blocks, so that the evaluation's
+        # model analyzer covers them
+        suite_forms=lambda wildcards: (
+            expand(EVAL_SUITE_FORMS, mid=wildcards.mid)
+            if config["model"]["suite_forms"] and config["suite"]["enabled"]
+            else []
+        ),
     output:
         model=MODEL_JSON,
         table=f"{MDIR}/model/mapping.tsv",

@@ -9,21 +9,21 @@ from cpumap.io import read_parquet_checked
 from cpumap.simulate import SimulatedMachine
 
 
-def extra_forms(model_cfg, forms) -> tuple[list[str], dict[str, str]]:
-    """Forms of ``model.extra_forms`` (a form list file, or null) and the reason each name that
-    cannot be modelled is left out (unknown to the catalogue, or not measurable here)."""
-    path = model_cfg.get("extra_forms")
-    if not path:
-        return [], {}
+def extra_forms(model_cfg, forms, lists=()) -> tuple[list[str], dict[str, str]]:
+    """Forms of ``model.extra_forms`` (a form list file, or null) and of the other form lists
+    given (the suite's forms with ``model.suite_forms``), and the reason each name that cannot
+    be modelled is left out (unknown to the catalogue, or not measurable here)."""
+    paths = [p for p in [model_cfg.get("extra_forms"), *lists] if p]
     status = dict(zip(forms["name"], forms["status"], strict=True))
     kept, left = [], {}
-    for name in read_form_list(Path(path)):
-        if name not in status:
-            left[name] = f"listed in {path} but not in the catalogue"
-        elif status[name] != "ok":
-            left[name] = f"listed in {path} but not measurable here ({status[name]})"
-        else:
-            kept.append(name)
+    for path in paths:
+        for name in read_form_list(Path(path)):
+            if name not in status:
+                left[name] = f"listed in {path} but not in the catalogue"
+            elif status[name] != "ok":
+                left[name] = f"listed in {path} but not measurable here ({status[name]})"
+            elif name not in kept:
+                kept.append(name)
     return kept, left
 
 
@@ -54,6 +54,7 @@ def measurer_and_forms(snakemake):
     # only forms whose singleton measured ok take part (a failed form has no time)
     known = measurer.known()
     names = {k for k in planned if k in known}
-    extra, left = extra_forms(snakemake.params.model, forms)
+    extra, left = extra_forms(snakemake.params.model, forms,
+                              list(getattr(snakemake.input, "suite_forms", []) or []))
     names |= set(extra)
     return measurer, sorted(names), noise, machine, left
