@@ -29,6 +29,11 @@ def test_tiny_pipeline_and_rerun(tmp_path, host):
     cfg["selection"]["quick_list"] = str(forms)
     cfg["bench"] |= {"batch_size": 2, "num_measures": 3}
     cfg["model"]["enabled"] = False  # the model stage has its own test below
+    # a small suite through every evaluation rule; the roofline has its own tests
+    # (kernels: a list, replaced; flagsets: a mapping, merged by Snakemake with the default's 3)
+    cfg["suite"]["kernels"] = ["triad", "dot"]
+    cfg["evaluate"]["analyzers"] = ["native", "llvm-mca", "osaca"]
+    cfg["roofline"]["enabled"] = False
     cfgfile = tmp_path / "config.yaml"
     cfgfile.write_text(yaml.safe_dump(cfg))
     cmd = [SNAKEMAKE, "--cores", "2", "--configfile", str(cfgfile)]
@@ -42,6 +47,15 @@ def test_tiny_pipeline_and_rerun(tmp_path, host):
     assert (table.reps == 3).all()
     parts = sorted((mdir / "db").glob("part-singletons-*.parquet"))
     assert len(parts) == 2  # batch_size 2 -> two batches, one part each
+    metrics = pd.read_csv(mdir / "evaluate/metrics.tsv", sep="\t")
+    everything = metrics[metrics.flagset == "all"].set_index("analyzer")
+    # triad and dot x 3 flag sets: every analyzer predicts all six
+    for analyzer in ("native", "llvm-mca", "osaca"):
+        assert everything.loc[analyzer, "eligible"] == 6, metrics
+        assert everything.loc[analyzer, "predicted"] == 6, metrics
+    report = (mdir / "report/index.html").read_text()
+    for unavailable in ("uiCA", "IACA", "Ithemal", "BHive", "Gus"):
+        assert unavailable in report
     mtimes = [p.stat().st_mtime_ns for p in parts]
     # nothing to do the second time, and the raw rows are untouched
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
