@@ -108,7 +108,12 @@ rule roofline_plots:
     output:
         section=ROOF_SECTION,
         summary=ROOF_SUMMARY,
-        plots=directory(ROOF_PLOTS),
+        plots=report(
+            directory(ROOF_PLOTS),
+            patterns=["{name}.png"],
+            caption="../report/roofline_plots.rst",
+            category="Roofline",
+        ),
     log:
         f"{LOGS}/roofline/plots.log",
     conda:
