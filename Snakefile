@@ -34,7 +34,7 @@ rule all:
         summary=expand(SINGLETON_SUMMARY, mid=MACHINE_ID),
         singletons=expand(SINGLETON_TABLE, mid=MACHINE_ID),
         model=expand(MODEL_REPORT, mid=MACHINE_ID) if config["model"]["enabled"] else [],
-        suite=rules.suite_all.input if config["suite"]["enabled"] else [],
-        evaluation=rules.eval_all.input if config["suite"]["enabled"] else [],
-        roofline=expand(ROOF_SECTION, mid=MACHINE_ID) if ROOF["enabled"] else [],
+        suite=rules.suite_all.input if SUITE_ON else [],
+        evaluation=rules.eval_all.input if SUITE_ON else [],
+        roofline=expand(ROOF_SECTION, mid=MACHINE_ID) if ROOF["enabled"] and NATIVE else [],
     default_target: True

@@ -37,6 +37,12 @@ def _machine_id():
 
 MACHINE_ID = _machine_id()
 
+# The real-kernel suite, its evaluation and the roofline run real code on this CPU: they only
+# make sense for the native backend (a simulated machine id would file host measurements
+# under a machine that does not exist).
+NATIVE = config["machine"]["backend"] == "native"
+SUITE_ON = config["suite"]["enabled"] and NATIVE
+
 
 wildcard_constraints:
     mid=r"[A-Za-z0-9][A-Za-z0-9._+-]*",

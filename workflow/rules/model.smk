@@ -24,7 +24,7 @@ rule fit_model:
         # model analyzer covers them
         suite_forms=lambda wildcards: (
             expand(EVAL_SUITE_FORMS, mid=wildcards.mid)
-            if config["model"]["suite_forms"] and config["suite"]["enabled"]
+            if config["model"]["suite_forms"] and SUITE_ON
             else []
         ),
     output:
