@@ -171,7 +171,12 @@ def measure_kernel(binary: Path | str, n: int | None = None, reps: int = 10, col
 
     Warm runs time back-to-back calls for at least ``min_ticks`` per repetition (cycles are
     still per call); cold runs time every call alone, after the eviction."""
-    cmd = [str(binary), *driver_args(n, reps, cold, cpu, min_ticks)]
+    return run_driver(binary, driver_args(n, reps, cold, cpu, min_ticks), timeout)
+
+
+def run_driver(binary: Path | str, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run a driver binary with ``args`` (no shell) and return its checked JSON line."""
+    cmd = [str(binary), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -189,16 +194,18 @@ def benchmark_function(benchmark: str, user: dict | None = None) -> str:
 
 
 def benchmark_args(benchmark: str, user: dict | None = None, n_map: dict | None = None,
-                   reps: int = 1) -> list[str]:
+                   reps: int = 1, cpu: int | None = None, min_ticks: int = 0) -> list[str]:
     """Program arguments of one run: a user entry's own, else the driver's (``--n`` from
-    ``n_map`` when the kernel is listed there, and ``--reps``).  Counting uses reps=1, so the
-    counted invocation is the one a cycles run repeats."""
+    ``n_map`` when the kernel is listed there, ``--reps``, and for cycles runs ``--cpu`` and
+    ``--min-ticks``).  Counting uses reps=1, so the counted invocation is the one a cycles run
+    repeats."""
     if user and not user.get("driver", False):
         return [str(a) for a in user.get("args", [])]
     if user:
-        return [str(a) for a in user.get("args", [])] + driver_args(reps=reps)
+        return [str(a) for a in user.get("args", [])] + driver_args(
+            reps=reps, cpu=cpu, min_ticks=min_ticks)
     kernel = split_benchmark(benchmark)[0]
-    return driver_args((n_map or {}).get(kernel), reps)
+    return driver_args((n_map or {}).get(kernel), reps, cpu=cpu, min_ticks=min_ticks)
 
 
 def cycles_record(benchmark: str, binary: Path | str, user: dict | None = None,
@@ -213,15 +220,7 @@ def cycles_record(benchmark: str, binary: Path | str, user: dict | None = None,
         return {"benchmark": benchmark, "available": False, "binary": str(binary),
                 "reason": "user binary without kernels/driver.c: no measurement points "
                           "around the function, cycles not measured"}
-    args = benchmark_args(benchmark, user, n_map, reps)
-    if cpu is not None:
-        args += ["--cpu", str(int(cpu))]
-    if min_ticks:
-        args += ["--min-ticks", str(int(min_ticks))]
-    cmd = [str(binary), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise SuiteError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    out = parse_driver_output(proc.stdout)
+    args = benchmark_args(benchmark, user, n_map, reps, cpu, min_ticks)
+    out = run_driver(binary, args, timeout=600)
     return {"benchmark": benchmark, "available": True, "binary": str(binary), "args": args,
             **out}
