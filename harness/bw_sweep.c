@@ -225,21 +225,7 @@ static int parse_list(const char *s, long *out, int max)
 
 static double calibrate(void)
 {
-    /* Spin ~20 ms first so the core leaves its idle clock, then n/2n: the fastest 2n run minus
-     * the fastest n run cancels the timer overhead.  (The minimum of per-pair differences is
-     * biased: one slow n run shrinks its difference; seen: 1.74 cycles/tick instead of 1.42.) */
-    double t_end = now_ns() + 2e7;
-    while (now_ns() < t_end)
-        calib_once(200);
-    uint64_t best1 = UINT64_MAX, best2 = UINT64_MAX;
-    for (int r = 0; r < 7; r++) {
-        uint64_t t1 = calib_once(200), t2 = calib_once(400);
-        if (t1 < best1)
-            best1 = t1;
-        if (t2 < best2)
-            best2 = t2;
-    }
-    return (200.0 * CALIB_UNROLL) / (double)(best2 > best1 ? best2 - best1 : 1);
+    return calib_ratio(2e7, 200, 7);
 }
 
 int main(int argc, char **argv)

@@ -36,7 +36,7 @@
 #include "driver.h"
 
 #define CALIB_ITERS 2000     /* x CALIB_UNROLL adds per calibration run (~0.5 ms) */
-#define CALIB_RUNS 7         /* the fastest run is kept */
+#define CALIB_RUNS 7         /* the fastest n and 2n runs are kept */
 #define CALIB_WARMUP_NS 2e7  /* spin before calibrating so the core clock has ramped up */
 #define EVICT_BYTES (64u << 20) /* twice the L3 of the reference machine */
 
@@ -63,16 +63,7 @@ double drv_value(uint64_t seed, uint64_t i)
 
 static double calibrate(void)
 {
-    double t_end = now_ns() + CALIB_WARMUP_NS;
-    while (now_ns() < t_end)
-        calib_once(CALIB_ITERS / 10);
-    uint64_t best = UINT64_MAX;
-    for (int r = 0; r < CALIB_RUNS; r++) {
-        uint64_t t = calib_once(CALIB_ITERS);
-        if (t < best)
-            best = t;
-    }
-    return (double)CALIB_ITERS * CALIB_UNROLL / (double)best;
+    return calib_ratio(CALIB_WARMUP_NS, CALIB_ITERS, CALIB_RUNS);
 }
 
 static volatile uint64_t evict_sink;
