@@ -22,6 +22,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from cpumap import palmed, resmodel
+from cpumap.palmed_build import build_model
 from cpumap.portmap import synthetic_mapping
 from cpumap.simulate import SimulatedMachine
 
@@ -61,7 +62,7 @@ def run_one(ports: int, forms: int, noise: float, seed: int, tests: int,
     cfg = palmed.PalmedConfig(tol=max(1e-6, 3.5 * noise), seed=seed)
     log = (lambda s: print("  " + s, file=sys.stderr)) if verbose else (lambda s: None)
     t0 = time.perf_counter()
-    model, stats = palmed.build_model(machine.forms, machine.measure, config=cfg, log=log)
+    model, stats = build_model(machine.forms, machine.measure, config=cfg, log=log)
     wall = time.perf_counter() - t0
     acc = evaluate(model, machine, held_out(machine.forms, tests, seed + 1000))
     print(f"machine {machine.machine_id}: {ports} ports, {forms} forms, noise {noise:.1%}, "

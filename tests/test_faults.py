@@ -109,8 +109,9 @@ def test_killed_run_resumes_without_remeasuring(tmp_path: Path, host: dict) -> N
 
 
 def test_model_killed_mid_fit_resumes_from_stored_kernels(tmp_path: Path) -> None:
-    """SIGKILL while Palmed is storing its kernels stage by stage (config/simulated.yaml): the
-    resumed fit measures exactly the kernels that were not stored, and no stored part changes."""
+    """SIGKILL in the middle of Palmed's core mapping, which stores a part per measurement
+    round (config/simulated.yaml): the resumed run measures no stored kernel again, the core
+    job measures exactly the rows of its new parts, and no stored part changes."""
     cfg = yaml.safe_load((ROOT / "config" / "simulated.yaml").read_text())
     cfg["results_dir"] = str(tmp_path / "results")
     cfgfile = tmp_path / "config.yaml"
@@ -123,7 +124,7 @@ def test_model_killed_mid_fit_resumes_from_stored_kernels(tmp_path: Path) -> Non
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
             dbs = list((tmp_path / "results").glob("*/db"))
-            if dbs and len(list(dbs[0].glob("part-palmed*.parquet"))) >= 3:
+            if dbs and len(list(dbs[0].glob("part-palmed-core*.parquet"))) >= 3:
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed = True
                 break
@@ -143,13 +144,18 @@ def test_model_killed_mid_fit_resumes_from_stored_kernels(tmp_path: Path) -> Non
     assert proc2.returncode == 0, proc2.stderr[-3000:]
     after = {p.name: p.read_bytes() for p in (mdir / "db").glob("*.parquet")}
     assert {k: after[k] for k in before} == before
-    fit_log = (mdir / "logs" / "fit_model.log").read_text()
-    measured_now = int(re.search(r"measured now (\d+)", fit_log).group(1))
-    new_parts = [mdir / "db" / k for k in after if k not in before and k.startswith("part-palmed")]
-    # a simulated kernel is one row: the resumed fit measured exactly the new parts' kernels
-    assert measured_now == len(db.load_parts(new_parts)) > 0
-    assert measured_now < json.loads((mdir / "model" / "stats.json").read_text())[
-        "total_kernels"]
+    core_log = (mdir / "logs" / "palmed" / "core.log").read_text()
+    measured_now = int(re.search(r"core: measured now (\d+)", core_log).group(1))
+    new = [mdir / "db" / k for k in after if k not in before]
+    new_core = [p for p in new if p.name.startswith("part-palmed-core")]
+    # a simulated kernel is one row: the resumed core job measured exactly its new parts'
+    # kernels, and no kernel stored before the kill was measured again by any job
+    assert measured_now == len(db.load_parts(new_core)) > 0
+    stored = set(db.load_parts([mdir / "db" / k for k in before])["kernel"])
+    assert not stored & set(db.load_parts(new)["kernel"])
+    stats = json.loads((mdir / "model" / "stats.json").read_text())
+    assert stats["measured_by_job"]["core"] == measured_now
+    assert measured_now < stats["kernels"]["core"]
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
-
-from model_common import extra_forms  # noqa: E402
+from cpumap.modelling import listed_forms as extra_forms
 
 
 def test_extra_forms(tmp_path) -> None:

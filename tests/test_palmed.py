@@ -9,6 +9,7 @@ import pytest
 from scipy.stats import kendalltau
 
 from cpumap import palmed, resmodel
+from cpumap.palmed_build import Build, build_model
 from cpumap.portmap import synthetic_mapping
 from cpumap.simulate import SimulatedMachine
 
@@ -46,7 +47,7 @@ def built(machine):
         return values
 
     cfg = palmed.PalmedConfig(tol=1e-6)
-    model, stats = palmed.build_model(machine.forms, measure, config=cfg)
+    model, stats = build_model(machine.forms, measure, config=cfg)
     return model, stats, recorded, cfg
 
 
@@ -80,8 +81,8 @@ def test_paper_example_exact() -> None:
     m = {"kind": "Mapping3", "arch": {"insns": ["ADDSS", "BSR"], "ports": ["p0", "p1"]},
          "assignment": {"ADDSS": [["p0", "p1"]], "BSR": [["p1"]]}}
     sim = SimulatedMachine(mapping=m)
-    model, stats = palmed.build_model(sim.forms, sim.measure,
-                                      config=palmed.PalmedConfig(tol=1e-6))
+    model, stats = build_model(sim.forms, sim.measure,
+                               config=palmed.PalmedConfig(tol=1e-6))
     for k in ({"ADDSS": 2, "BSR": 1}, {"ADDSS": 1, "BSR": 2}, {"ADDSS": 3, "BSR": 1}):
         assert resmodel.predict(model, k)[0] == pytest.approx(sim.exact(k), rel=1e-6)
     assert stats["kernels"]["singletons"] == 2 and stats["kernels"]["pairs"] == 1
@@ -113,11 +114,51 @@ def test_rebuild_from_measurements_is_identical(built, machine, tmp_path) -> Non
     def replay(kernels: list[str]) -> list[float]:
         return [recorded[t] for t in kernels]  # KeyError if a new kernel were requested
 
-    again, _ = palmed.build_model(machine.forms, replay, config=cfg)
+    again, _ = build_model(machine.forms, replay, config=cfg)
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     resmodel.save(model, a)
     resmodel.save(again, b)
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_stages_through_state_files_give_the_same_model(built, machine, tmp_path) -> None:
+    """The pipeline's way: one process per stage, the state saved and loaded in between (its
+    measurements asked again), the planned stages measured in batches outside Palmed."""
+    model, stats, recorded, cfg = built
+    asked: list[list[str]] = []
+
+    def replay(kernels: list[str]) -> list[float]:
+        asked.append(list(kernels))
+        return [recorded[t] for t in kernels]
+
+    state = tmp_path / "state.json"
+    b = Build.start(machine.forms, replay, cfg)
+    pairs = b.pair_kernels()
+    assert len(pairs) == stats["kernels"]["pairs"]
+    b.save(state)
+    for stage in ("basic", "core"):
+        b = Build.load(state, replay, cfg)
+        # the reload asks once for every kernel the earlier stages asked for
+        assert len(asked[-1]) == sum(b.counts.values())
+        if stage == "basic":
+            b.pairs(replay)
+            b.classes()
+        else:
+            b.core_mapping(replay)
+        b.save(state)
+    b = Build.load(state, replay, cfg)
+    planned = set(b.mapping_kernels())
+    b.mapping(replay)
+    assert len(planned) == stats["kernels"]["saturating"] + stats["kernels"]["mapping"]
+    again, stats2 = b.remaining(replay)
+    a, c = tmp_path / "a.json", tmp_path / "c.json"
+    resmodel.save(model, a)
+    resmodel.save(again, c)
+    assert a.read_bytes() == c.read_bytes()
+    assert stats2["kernels"] == stats["kernels"]
+    assert stats2["measure_rounds"] == stats["measure_rounds"]
+    with pytest.raises(RuntimeError, match="built with"):
+        Build.load(state, replay, palmed.PalmedConfig(tol=0.05))
 
 
 def test_acceptance_two_percent_noise(machine, tmp_path) -> None:
@@ -126,7 +167,7 @@ def test_acceptance_two_percent_noise(machine, tmp_path) -> None:
     path.write_text(json.dumps(synthetic_mapping(8, 100, seed=0)))
     noisy = SimulatedMachine(path, noise=0.02, seed=0)
     cfg = palmed.PalmedConfig(tol=0.07, max_basic=28)
-    model, stats = palmed.build_model(noisy.forms, noisy.measure, config=cfg)
+    model, stats = build_model(noisy.forms, noisy.measure, config=cfg)
     rms, tau = accuracy(model, machine, held_out(machine.forms, 1000, seed=1000))
     assert rms <= 0.06
     assert tau >= 0.9

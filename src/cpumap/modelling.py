@@ -1,11 +1,12 @@
 """The modelling stage of the pipeline: Palmed against a Measurer, then held-out validation.
 
-Glue between ``cpumap.palmed`` (pure algorithm, asks for kernels), ``cpumap.backend.Measurer``
-(answers from the DB or measures, one DB part per request) and the output files. Palmed's
-later stages choose their kernels from earlier measurements in loops whose length depends on
-the data (the core mapping adds a resource per round), so they run inside one job that asks
-the Measurer stage by stage; every measurement is stored as it is made, and a rerun finds
-them all in the DB: the model is then rebuilt from the raw rows alone.
+Glue between ``cpumap.palmed_build`` (Palmed's stages, each asking for kernels),
+``cpumap.backend.Measurer`` (answers from the DB or measures, one DB part per request) and the
+pipeline's files: one function per Palmed job of workflow/rules/model.smk (``*_job``). The
+planned stages (pairs, mapping kernels) write a plan that parallel batch jobs measure; the
+stages whose next kernels depend on an LP over everything measured so far (core mapping,
+refinement) measure their own rounds. Every measurement is stored as it is made, and a rerun
+finds them all in the DB: the model is then rebuilt from the raw rows alone.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from . import io, resmodel, validate
+from . import campaign, io, resmodel, validate
 from .backend import Measurer
-from .palmed import PalmedConfig, build_model
+from .palmed import PalmedConfig
+from .palmed_build import Build
 
 
 def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -73,14 +75,13 @@ def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedCo
                         seed=int(model_cfg.get("seed", 0)))
 
 
-def fit(forms: list[str], measurer: Measurer, cfg: PalmedConfig,
-        log: Callable[[str], None]) -> tuple[resmodel.ResourceModel, dict]:
-    """Run Palmed on ``forms``; every kernel it asks for goes through ``measurer``."""
+def measuring(measurer: Measurer, stage: str) -> Callable[[list[str]], list[float]]:
+    """Palmed's ``measure`` callback: one DB part per round (batch id ``palmed-<stage>NNN``)."""
     round_no = [0]
 
     def measure(kernels: list[str]) -> list[float]:
         round_no[0] += 1
-        got = measurer.measure(kernels, stage=f"palmed{round_no[0]:03d}")
+        got = measurer.measure(kernels, stage=f"palmed-{stage}{round_no[0]:03d}")
         missing = [k for k in kernels if k not in got]
         if missing:
             # Palmed leaves failed kernels out (NaN); the DB keeps their failed rows
@@ -88,10 +89,125 @@ def fit(forms: list[str], measurer: Measurer, cfg: PalmedConfig,
                   flush=True)
         return [got.get(k, math.nan) for k in kernels]
 
-    t0 = time.perf_counter()
-    model, stats = build_model(forms, measure, config=cfg, log=log)
-    stats["wall_seconds"]["total"] = time.perf_counter() - t0
-    stats["measured_now"] = measurer.measured_now
+    return measure
+
+
+def listed_forms(model_cfg: Mapping[str, Any], forms: pd.DataFrame,
+                 lists: Sequence[str | Path] = ()) -> tuple[list[str], dict[str, str]]:
+    """Forms of ``model.extra_forms`` (a form list file, or null) and of the other form lists
+    given (the suite's forms with ``model.suite_forms``), and the reason each name that cannot
+    be modelled is left out (unknown to the catalogue, or not measurable here)."""
+    paths = [p for p in [model_cfg.get("extra_forms"), *lists] if p]
+    status = dict(zip(forms["name"], forms["status"], strict=True))
+    kept, left = [], {}
+    for path in paths:
+        for name in campaign.read_form_list(Path(path)):
+            if name not in status:
+                left[name] = f"listed in {path} but not in the catalogue"
+            elif status[name] != "ok":
+                left[name] = f"listed in {path} but not measurable here ({status[name]})"
+            elif name not in kept:
+                kept.append(name)
+    return kept, left
+
+
+def model_forms(measurer: Measurer, planned: Sequence[str], model_cfg: Mapping[str, Any],
+                lists: Sequence[str | Path] = ()) -> tuple[list[str], dict[str, str]]:
+    """The forms Palmed models, and each form left out with the reason.
+
+    The forms of the singleton plan whose singleton measured ok (a failed form has no time),
+    plus the listed forms (``listed_forms``; their singletons are measured by Palmed's first
+    stage if missing), minus those a resource model cannot describe (``modelable``).
+    """
+    known = measurer.known()
+    names = {k for k in planned if k in known}
+    extra, left = listed_forms(model_cfg, measurer.forms, lists)
+    kept, not_modelled = modelable(measurer.forms, sorted(names | set(extra)))
+    return kept, not_modelled | left
+
+
+def _batches(kernels: Sequence[str], size: int) -> list[list[str]]:
+    return [list(kernels[i:i + size]) for i in range(0, len(kernels), max(1, size))]
+
+
+class StageJob:
+    """One pipeline job of Palmed (see ``cpumap.palmed_build``): the Build state in and out,
+    kernels measured through the Measurer (every measurement stored as it is made)."""
+
+    def __init__(self, measurer: Measurer, cfg: PalmedConfig, stage: str,
+                 log: Callable[[str], None]):
+        self.measurer, self.cfg, self.stage, self.log = measurer, cfg, stage, log
+        self.measure = measuring(measurer, stage)
+        self.t0 = time.perf_counter()
+
+    def load(self, state: Path) -> Build:
+        # the reload's own batch name: a kernel missing from the DB (a lost part) is measured
+        # again under palmed-<stage>-reloadNNN, and the stage's rounds keep their numbers
+        return Build.load(state, measuring(self.measurer, f"{self.stage}-reload"), self.cfg)
+
+    def record(self, b: Build) -> None:
+        """This job's kernels measured and seconds, kept in the state for the statistics."""
+        b.info.setdefault("measured_by_job", {})[self.stage] = self.measurer.measured_now
+        b.info.setdefault("job_seconds", {})[self.stage] = time.perf_counter() - self.t0
+        self.log(f"{self.stage}: measured now {self.measurer.measured_now}")
+
+    def save(self, b: Build, state: Path) -> None:
+        self.record(b)
+        b.save(state)
+
+    def plan(self, kernels: Sequence[str], batch_size: int, path: Path) -> None:
+        """A plan of measuring batches, as the singleton plan (``palmed_measure`` jobs)."""
+        io.write_json_atomic({"stage": self.stage, "batches": _batches(sorted(kernels),
+                                                                       batch_size)}, path)
+        self.log(f"{self.stage}: {len(kernels)} kernels planned in batches of {batch_size}")
+
+
+def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], state: Path,
+              plan: Path, batch_size: int) -> None:
+    """Checkpoint palmed_pairs: singletons (missing ones measured), the pairs' plan."""
+    b = Build.start(forms, job.measure, job.cfg, job.log)
+    b.info["not_modelled"] = dict(sorted(not_modelled.items()))
+    job.plan(b.pair_kernels(), batch_size, plan)
+    job.save(b, state)
+
+
+def basic_job(job: StageJob, state_in: Path, state_out: Path) -> None:
+    """Rule palmed_basic: the measured pairs (from the DB), classes and basic instructions."""
+    b = job.load(state_in)
+    b.pairs(job.measure, job.log)
+    b.classes(job.log)
+    job.save(b, state_out)
+
+
+def core_job(job: StageJob, state_in: Path, state_out: Path) -> None:
+    """Rule palmed_core: the core mapping, measuring its own rounds."""
+    b = job.load(state_in)
+    b.core_mapping(job.measure, job.log)
+    job.save(b, state_out)
+
+
+def mapping_job(job: StageJob, state_in: Path, state_out: Path, plan: Path,
+                batch_size: int) -> None:
+    """Checkpoint palmed_mapping: the plan of the saturating and mapping kernels."""
+    b = job.load(state_in)
+    job.plan(b.mapping_kernels(), batch_size, plan)
+    job.save(b, state_out)
+
+
+def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict]:
+    """Rule fit_model: the measured mapping kernels (from the DB), the remaining forms'
+    LPs and refinement rounds (measured here): the model and the statistics of all stages."""
+    b = job.load(state_in)
+    b.mapping(job.measure, job.log)
+    model, stats = b.remaining(job.measure, job.log)
+    job.record(b)
+    stats["not_modelled"] = b.info.get("not_modelled", {})
+    # kernels each Palmed job measured itself when it last ran (the pairs and mapping kernels
+    # are measured by the palmed_measure batch jobs), and each job's seconds; the total is
+    # the Palmed jobs' time, without the batch jobs (their rows carry their own timestamps)
+    stats["measured_by_job"] = b.info["measured_by_job"]
+    stats["job_seconds"] = b.info["job_seconds"]
+    stats["wall_seconds"]["total"] = sum(stats["job_seconds"].values())
     return model, stats
 
 
@@ -125,11 +241,16 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"- resources: {stats.get('n_resources')} ({stats.get('n_core_resources')} from "
              f"the core mapping), basic instructions: {stats.get('n_basic')}, classes: "
              f"{stats.get('n_classes')}",
-             f"- kernels: {stats.get('total_kernels')} in total, "
-             f"{stats.get('measured_now')} measured by this run (the rest from the database)",
+             f"- kernels: {stats.get('total_kernels')} in total; measured by the Palmed jobs "
+             f"themselves when they last ran: {stats.get('measured_by_job')} (the pairs and "
+             "mapping kernels are measured by the palmed_measure batch jobs, "
+             "db/part-palmed-{pairs,mapping}-*.parquet; kernels found in the database are "
+             "not measured again)",
              f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
              f"{sorted(stats.get('not_modelled', {}))}",
-             f"- wall time of the fit: {fmt_s(stats.get('wall_seconds', {}).get('total'))} s",
+             f"- seconds of the Palmed jobs: {fmt_s(stats.get('wall_seconds', {}).get('total'))}"
+             " (" + ", ".join(f"{k} {v:.2f}" for k, v in stats.get("job_seconds", {}).items())
+             + "; batch measuring jobs not included)",
              "", "## Stages", "",
              "| stage | kernels | measurement rounds | LP solves | LP seconds | wall seconds |",
              "| --- | --- | --- | --- | --- | --- |"]

@@ -2,9 +2,10 @@
 
 The library is pure: every stage takes the measurements made so far (canonical kernel text ->
 cycles per instance) and returns the kernels it still needs, or its result. The driver
-``build_model`` runs the stages against any ``measure(kernels) -> cycles`` callback (the
-simulated machine in tests, the native harness and the measurement DB in the pipeline, where
-each stage can be a Snakemake checkpoint). Nothing here prints; progress goes to ``log``.
+(``cpumap.palmed_build``: ``build_model`` in one process, ``Build`` one stage per pipeline
+job) runs the stages against any ``measure(kernels) -> cycles`` callback (the simulated
+machine in tests, the native harness and the measurement DB in the pipeline). Nothing here
+prints; progress goes to ``log``.
 
 Stages (and why)
 ----------------
@@ -76,7 +77,6 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
 from cpumap.asmgen import canonical, parse_canonical
-from cpumap.resmodel import ResourceModel
 
 __all__ = [
     "Basic",
@@ -84,7 +84,6 @@ __all__ = [
     "PalmedConfig",
     "Step",
     "balanced",
-    "build_model",
     "fit_core",
     "fit_remaining",
     "mix",
@@ -1038,125 +1037,3 @@ def _redesignate_form(form: str, rows: list[_Row], fixed: list[int | None],
             row.designated = fix if tol < NOISY_TOL else _keep_fixed(load, fix, row.cycles, tol)
         elif row.kernel == {form: 1} and n_res:
             row.designated = int(np.argmax(load))
-
-
-# --------------------------------------------------------------------------- driver
-
-
-def build_model(forms: Sequence[str], measure: Callable[[list[str]], Sequence[float]], *,
-                config: PalmedConfig | None = None, log: Log = _nolog,
-                probes: Sequence[str] | None = None,
-                provenance: Mapping[str, Any] | None = None,
-                ) -> tuple[ResourceModel, dict[str, Any]]:
-    """Run every stage against ``measure``; return the model and statistics.
-
-    ``stats``: kernels measured per stage (``kernels``), LP solves and seconds per stage
-    (``lp``), wall seconds per stage. The model's provenance holds only deterministic facts
-    (config, basic instructions, classes, defining and saturating kernels, kernel counts), so
-    that rebuilding from the same measurements gives an identical file.
-    """
-    cfg = config or PalmedConfig()
-    forms = sorted(set(forms))
-    meas: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    calls: dict[str, int] = {}
-    failed: list[str] = []
-    wall: dict[str, float] = {}
-    lp: dict[str, dict[str, float]] = {}
-
-    def run(stage: str, kernels: Sequence[str]) -> None:
-        todo = sorted({k for k in kernels if k not in meas})
-        if todo:
-            calls[stage] = calls.get(stage, 0) + 1
-            values = measure(list(todo))
-            if len(values) != len(todo):
-                raise RuntimeError(f"measure returned {len(values)} values for {len(todo)}")
-            for k, v in zip(todo, values, strict=True):
-                # a kernel that could not be measured stays known as NaN: never asked again,
-                # left out of every LP (on hardware a few mixed memory kernels fail)
-                ok = math.isfinite(v) and v > 0
-                meas[k] = float(v) if ok else math.nan
-                if not ok:
-                    failed.append(k)
-        counts[stage] = counts.get(stage, 0) + len(todo)
-        log(f"{stage}: measured {len(todo)} kernels")
-
-    t0 = time.perf_counter()
-    run("singletons", singleton_kernels(forms))
-    dropped = [f for f in forms if not _ok(meas, _text({f: 1}))]
-    forms = [f for f in forms if f not in dropped]
-    if len(forms) < 2:
-        raise RuntimeError(f"fewer than two forms measured ok (failed: {dropped})")
-    singletons = {f: meas[_text({f: 1})] for f in forms}
-    wall["singletons"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    cands = pair_candidates(singletons, cfg.max_pair_forms)
-    cand_t = {f: singletons[f] for f in cands}
-    run("pairs", select_pairs(cand_t, max_mult=cfg.max_mult, probes=probes))
-    wall["pairs"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    basic = select_basic(cand_t, meas, tol=cfg.tol, max_basic=cfg.max_basic,
-                         max_mult=cfg.max_mult)
-    log(f"classes: {len(basic.classes)}; basic: {' '.join(basic.basic)}")
-    wall["basic"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    st = _LPStats()
-    state: list[Any] = []
-    while True:
-        step = fit_core(basic, singletons, meas, state=state, config=cfg, log=log, lp_stats=st)
-        state = step.state
-        if step.done:
-            break
-        run("core", step.need)
-    core: Core = step.result
-    lp["core"] = {"solves": st.solves, "seconds": st.seconds}
-    wall["core"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    saturating = select_saturating(core, meas, singletons, cfg)
-    run("saturating", [_text(s) for s, _ in saturating])
-    run("mapping", select_mapping_kernels(saturating, forms, singletons, meas, cfg))
-    wall["mapping"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    st = _LPStats()
-    state = []
-    while True:
-        step = fit_remaining(core, forms, singletons, meas, state=state, classes=basic.classes,
-                             config=cfg, log=log, lp_stats=st)
-        state = step.state
-        if step.done:
-            break
-        run("refine", step.need)
-    rho_idx, defining, saturating = step.result
-    lp["remaining"] = {"solves": st.solves, "seconds": st.seconds}
-    wall["remaining"] = time.perf_counter() - t0
-
-    names = [f"R{r:02d}" for r in range(len(defining))]
-    rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())} for f in forms}
-    model = ResourceModel(
-        resources=names, rho=rho,
-        provenance={
-            "method": "palmed",
-            "config": cfg.as_dict(),
-            "basic": basic.basic,
-            "classes": {rep: members for rep, members in sorted(basic.classes.items())
-                        if len(members) > 1},
-            "n_classes": len(basic.classes),
-            "resources": {n: {"defining": _text(d), "saturating": _text(s),
-                              "stage": "core" if i < core.n_resources else "refine"}
-                          for i, (n, d, s) in enumerate(zip(names, defining, saturating,
-                                                            strict=True))},
-            "kernels": dict(counts),
-            **dict(provenance or {}),
-        })
-    stats = {"kernels": dict(counts), "total_kernels": sum(counts.values()),
-             "measure_rounds": dict(calls), "n_forms": len(forms),
-             "failed_kernels": len(failed), "failed_singletons": dropped,
-             "n_pair_forms": len(cands), "lp": lp,
-             "wall_seconds": wall, "n_resources": len(names), "n_core_resources": core.n_resources,
-             "n_basic": len(basic.basic), "n_classes": len(basic.classes)}
-    return model, stats

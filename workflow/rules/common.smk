@@ -59,6 +59,10 @@ SINGLETON_PART = f"{MDIR}/db/part-singletons-{{batch}}.parquet"
 SINGLETON_SUMMARY = f"{MDIR}/bench/singletons/summary.tsv"
 SINGLETON_TABLE = f"{MDIR}/bench/singletons/singletons.tsv"
 MODEL_JSON = f"{MDIR}/model/model.json"
+# Palmed's stages (model.smk): state files, plans of the measured stages, their DB parts
+PALMED_STATE = f"{MDIR}/model/stages/{{pstage}}.json"
+PALMED_PLAN = f"{MDIR}/model/stages/{{pstage}}-plan.json"
+PALMED_PART = f"{MDIR}/db/part-palmed-{{pstage}}-{{batch}}.parquet"
 MODEL_REPORT = f"{MDIR}/model/report.md"
 LOGS = f"{MDIR}/logs"
 
@@ -172,3 +176,14 @@ def singleton_parts(wildcards):
     """All DB parts of the singleton plan; known only once checkpoint plan_singletons ran."""
     plan = checkpoints.plan_singletons.get(mid=wildcards.mid).output.plan
     return expand(SINGLETON_PART, mid=wildcards.mid, batch=plan_batch_ids(plan))
+
+
+def palmed_parts(stage):
+    """Input function: the DB parts of a planned Palmed stage (pairs or mapping), known only
+    once its checkpoint (palmed_pairs, palmed_mapping) wrote the plan."""
+
+    def parts(wildcards):
+        plan = getattr(checkpoints, f"palmed_{stage}").get(mid=wildcards.mid).output.plan
+        return expand(PALMED_PART, mid=wildcards.mid, pstage=stage, batch=plan_batch_ids(plan))
+
+    return parts

@@ -1,17 +1,15 @@
 # Stage 3: the resource model (Palmed) of the measured forms, and its held-out validation.
-# Palmed's stages after the singletons choose their kernels from earlier measurements in
-# data-dependent loops; they run in one job that stores every measurement in the DB as it is
-# made (see cpumap.modelling), so a rerun rebuilds the model from the raw rows alone.
-# Why not one checkpoint per stage: the core mapping and the refinement are loops of 5-16
-# rounds whose next kernels depend on an LP solved over everything measured so far; as
-# checkpoints each round would be a job re-reading the DB and re-solving the previous LPs
-# (the core LPs are most of the fit's time on hardware), and the number of rounds is only
-# known at the end. Each measurement round is one DB part (batch id palmedNNN-<hash>) and
-# model/stats.json + model/report.md record, per stage, the kernels measured, measurement
-# rounds, LP solves and seconds, and wall seconds.
+# One job per Palmed stage (cpumap.palmed_build); each hands the next a state file
+# (model/stages/<stage>.json: the kernels every stage asked for, classes, core mapping; no
+# measurements: each job reads those from the DB). The two planned stages are checkpoints whose
+# kernels are measured by parallel batch jobs (palmed_measure, as the singletons); the core
+# mapping and the refinement measure their own rounds inside their job, because each round's
+# kernels depend on an LP over everything measured so far. model/stats.json and
+# model/report.md record, per stage, the kernels measured, measurement rounds, LP solves and
+# seconds, and the seconds of each Palmed job.
 
 
-rule fit_model:
+checkpoint palmed_pairs:
     input:
         summary=SINGLETON_SUMMARY,
         plan=SINGLETON_PLAN,
@@ -28,23 +26,160 @@ rule fit_model:
             else []
         ),
     output:
-        model=MODEL_JSON,
-        table=f"{MDIR}/model/mapping.tsv",
-        stats=f"{MDIR}/model/stats.json",
+        state=PALMED_STATE.format(pstage="pairs", mid="{mid}"),
+        plan=PALMED_PLAN.format(pstage="pairs", mid="{mid}"),
     log:
-        f"{LOGS}/fit_model.log",
+        f"{LOGS}/palmed/pairs.log",
     params:
+        stage="pairs",
         bench=config["bench"],
         machine=config["machine"],
         model=config["model"],
-        workdir=f"{MDIR}/model/work",
+        workdir=f"{MDIR}/model/work/pairs",
     threads: 1
     resources:
         measure_slots=1,
     conda:
         "../../envs/cpumap.yaml"
     script:
-        "../scripts/fit_model.py"
+        "../scripts/palmed_stage.py"
+
+
+rule palmed_measure:
+    input:
+        # ancient: a batch id is a hash of its kernels, so a plan rewritten with the same
+        # batch (e.g. by a re-derivation from restored rows) must not rerun, and so delete,
+        # the part that holds its measurements
+        plan=ancient(PALMED_PLAN),
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        part=PALMED_PART,
+    log:
+        f"{LOGS}/measure/palmed-{{pstage}}-{{batch}}.log",
+    wildcard_constraints:
+        pstage="pairs|mapping",
+    params:
+        batch_id=lambda wildcards: f"palmed-{wildcards.pstage}-{wildcards.batch}",
+        bench=config["bench"],
+        machine=config["machine"],
+        workdir=lambda wildcards: (
+            f"{RESULTS}/{wildcards.mid}/model/work/{wildcards.pstage}-{wildcards.batch}"
+        ),
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/measure_batch.py"
+
+
+rule palmed_basic:
+    input:
+        state=PALMED_STATE.format(pstage="pairs", mid="{mid}"),
+        parts=palmed_parts("pairs"),
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        state=PALMED_STATE.format(pstage="basic", mid="{mid}"),
+    log:
+        f"{LOGS}/palmed/basic.log",
+    params:
+        stage="basic",
+        bench=config["bench"],
+        machine=config["machine"],
+        model=config["model"],
+        workdir=f"{MDIR}/model/work/basic",
+    threads: 1
+    resources:
+        # answers from the DB: a pair that is missing there (a lost part) is measured here
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/palmed_stage.py"
+
+
+rule palmed_core:
+    input:
+        state=PALMED_STATE.format(pstage="basic", mid="{mid}"),
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        state=PALMED_STATE.format(pstage="core", mid="{mid}"),
+    log:
+        f"{LOGS}/palmed/core.log",
+    params:
+        stage="core",
+        bench=config["bench"],
+        machine=config["machine"],
+        model=config["model"],
+        workdir=f"{MDIR}/model/work/core",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/palmed_stage.py"
+
+
+checkpoint palmed_mapping:
+    input:
+        state=PALMED_STATE.format(pstage="core", mid="{mid}"),
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        state=PALMED_STATE.format(pstage="mapping", mid="{mid}"),
+        plan=PALMED_PLAN.format(pstage="mapping", mid="{mid}"),
+    log:
+        f"{LOGS}/palmed/mapping.log",
+    params:
+        stage="mapping",
+        bench=config["bench"],
+        machine=config["machine"],
+        model=config["model"],
+        workdir=f"{MDIR}/model/work/mapping",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/palmed_stage.py"
+
+
+rule fit_model:
+    input:
+        state=PALMED_STATE.format(pstage="mapping", mid="{mid}"),
+        parts=palmed_parts("mapping"),
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        model=MODEL_JSON,
+        table=f"{MDIR}/model/mapping.tsv",
+        stats=f"{MDIR}/model/stats.json",
+    log:
+        f"{LOGS}/fit_model.log",
+    params:
+        stage="remaining",
+        bench=config["bench"],
+        machine=config["machine"],
+        model=config["model"],
+        workdir=f"{MDIR}/model/work/remaining",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/palmed_stage.py"
 
 
 rule validate_model:

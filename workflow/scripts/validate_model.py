@@ -12,11 +12,11 @@ from cpumap.io import redirect_output  # noqa: E402
 
 redirect_output(snakemake.log[0])
 
-from model_common import measurer_and_forms  # noqa: E402
+from model_common import measurer_and_config  # noqa: E402
 
 from cpumap import io, modelling, resmodel  # noqa: E402
 
-measurer, _forms, _noise, machine, _left = measurer_and_forms(snakemake)
+measurer, _cfg, machine = measurer_and_config(snakemake)
 model = resmodel.load(snakemake.input.model)
 forms = model.forms  # held-out kernels of the modelled forms only
 count = int(snakemake.params.model["validation_kernels"])
