@@ -177,8 +177,6 @@ def test_simulated_pipeline_through_slurm(tmp_path: Path) -> None:
     cfg["model"]["validation_kernels"] = 50
     cfgfile = tmp_path / "config.yaml"
     cfgfile.write_text(yaml.safe_dump(cfg))
-    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    group_size = int(profile["group-components"][0].split("=")[1])
     t0 = time.monotonic()
     with local_slurm(tmp_path / "slurm") as cluster:
         proc = subprocess.run(
@@ -197,12 +195,14 @@ def test_simulated_pipeline_through_slurm(tmp_path: Path) -> None:
     assert len(table) == 100
     assert len(list((mdir / "db").glob("part-singletons-*.parquet"))) == 10
     assert json.loads((mdir / "model/validation.json").read_text())["kernels"] == 50
-    # measuring batches ran grouped: ceil(10 / group_size) Slurm jobs, each on one CPU, each
-    # running several measure_batch jobs one after the other
-    group_logs = sorted((tmp_path / "slurm-logs").glob("group_measure*/**/*.log"))
-    assert len(group_logs) == -(-10 // group_size), group_logs
-    assert sorted(log.read_text().count("localrule measure_batch:") for log in group_logs) == \
-        sorted(min(group_size, 10 - i * group_size) for i in range(len(group_logs)))
+    # one Slurm job per measuring batch, each batch measured once (not by two jobs)
+    logs = sorted((tmp_path / "slurm-logs").glob("rule_measure_batch/**/*.log"))
+    assert len(logs) == 10, logs
+    ran = [re.findall(r"batch=(\d{4}-[0-9a-f]{8})", log.read_text()) for log in logs]
+    assert sorted({b for r in ran for b in r}) == sorted(
+        p.name.removeprefix("part-singletons-").removesuffix(".parquet")
+        for p in (mdir / "db").glob("part-singletons-*.parquet"))
+    assert all(len(set(r)) == 1 for r in ran), ran
     states = [line.split("|") for line in jobs.splitlines() if line.strip()]
     assert states and all(cpus == "1" and state == "COMPLETED" for _, cpus, state, _ in states)
     print(f"slurm pipeline: {len(states)} Slurm jobs, {seconds:.0f} s including daemon start")
