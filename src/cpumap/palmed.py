@@ -47,6 +47,21 @@ Stages (and why)
 
 The model predicts ``max_r sum_i sigma(K, i) rho(i, r)`` (``cpumap.resmodel.predict``).
 
+Kernels no resource model explains
+----------------------------------
+A resource model is sub-additive: ``M(A + B) <= M(A) + M(B)``, so a pair's sharing is at most 1.
+On hardware some pairs are slower together than in sequence, because the generated code makes
+them depend on each other (flags: CMOVE after SHR by CL; registers: legacy-SSE writes merging
+into registers that 512-bit forms wrote; memory ordering: a read-modify-write store among other
+stores). On Zen 4, 89 of the 3,160 pairs of the quick set (ADD m64,r64 with MOVSD to memory: 5.2
+cycles a pair, 2.0 for the two in sequence). Fitted, such kernels became defining kernels of
+resources of which every form mixed with them got a phantom use (held-out IPC error 19.6%,
+Kendall's tau 0.73). So pairs whose sharing exceeds ``1 + INTERACT_TOLS tol`` are *interacting*
+(``interacting_pairs``), and a kernel holding one, or slower than ``1 + SUPERADD_TOLS tol``
+times the sum of its forms' singletons, is left out of every LP and may not define a resource
+(``_resource_like``); forms that interact come last among the basic instructions. Held-out
+kernels that hold an interacting pair stay mispredicted: no resource model can predict them.
+
 Every kernel is *built* from construction times (a resource's defining kernel comes with the
 measured time it was derived from, SK^s takes s times that), never from a measurement of the
 kernel it extends: a new resource's saturating kernel and all its mixes are chosen, and
@@ -87,6 +102,7 @@ __all__ = [
     "build_model",
     "fit_core",
     "fit_remaining",
+    "interacting_pairs",
     "mix",
     "pair_candidates",
     "select_basic",
@@ -111,6 +127,13 @@ REFINE_MIN_GAP = 1e-3
 MIN_SHARE = 0.25
 #: Noisy per-form LPs: weight of the singleton's tightness against one mix kernel's.
 SINGLETON_WEIGHT = 4.0
+#: Two forms *interact* when their balanced pair's sharing exceeds 1 by more than this many tol
+#: (the pair is slower than its two parts run one after the other: no resource model can say
+#: that; see ``interacting_pairs``).
+INTERACT_TOLS = 4.0
+#: A kernel is *super-additive* when it takes more than (1 + this many tol) times the sum of its
+#: forms' singleton times (``_resource_like``).
+SUPERADD_TOLS = 2.0
 
 Kernel = dict[str, int]
 Measurements = Mapping[str, float]
@@ -263,6 +286,47 @@ def sharing(a: str, b: str, singletons: Mapping[str, float], meas: Measurements,
     return (m - max(x, y)) / min(x, y)
 
 
+def interacting_pairs(singletons: Mapping[str, float], meas: Measurements, tol: float,
+                      max_mult: int = 8) -> set[frozenset[str]]:
+    """Pairs of forms whose balanced pair is slower than both parts in sequence (sharing > 1).
+
+    In a resource model a kernel never takes longer than its parts one after the other
+    (``M(A + B) <= M(A) + M(B)``), so a sharing above 1 (+ ``INTERACT_TOLS`` tol) is not
+    throughput but an interaction that the generated code creates between the two forms: a
+    dependence through flags or registers (CMOVE after SHR by CL, legacy-SSE writes merging into
+    registers that 512-bit forms wrote), or memory ordering (a read-modify-write store among
+    other stores). See the module docstring for what they did to the model on Zen 4.
+    """
+    forms = sorted(singletons)
+    out: set[frozenset[str]] = set()
+    for i, a in enumerate(forms):
+        for b in forms[i + 1:]:
+            s = sharing(a, b, singletons, meas, max_mult)
+            if s is not None and s > 1 + INTERACT_TOLS * tol + 1e-6:
+                out.add(frozenset((a, b)))
+    return out
+
+
+def _resource_like(k: Mapping[str, int], m: float, singletons: Mapping[str, float], tol: float,
+                   bad: set[frozenset[str]]) -> bool:
+    """Whether a measured kernel can be explained by a resource model at all.
+
+    Not when it holds an interacting pair of forms, nor when it is super-additive: slower than
+    the sum of its forms' singleton times by more than ``SUPERADD_TOLS`` tol. Such kernels may
+    not define a resource and stay out of every LP: fitted, they spread their extra time over
+    the uses of every form mixed with them.
+    """
+    forms = sorted(k)
+    if bad:
+        for i, a in enumerate(forms):
+            for b in forms[i + 1:]:
+                if frozenset((a, b)) in bad:
+                    return False
+    if not all(f in singletons for f in forms):
+        return True
+    return m <= (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items()) + 1e-12
+
+
 # --------------------------------------------------------------------------- classes, basic
 
 
@@ -286,8 +350,9 @@ def select_basic(singletons: Mapping[str, float], meas: Measurements, *,
     a ratio of differences, so it amplifies noise). Forms join the first compatible class in
     name order (deterministic); the representative is the first member.
 
-    Basic instructions: the representatives that conflict (sharing > 0.5) with the fewest other
-    representatives, then the fastest. A form that competes with few others uses few resources
+    Basic instructions: the representatives that interact with no form (``interacting_pairs``),
+    then those that conflict (sharing > 0.5) with the fewest other representatives, then the
+    fastest. A form that competes with few others uses few resources
     (e.g. one μop on one port group) and makes saturating kernels with a single clear
     bottleneck; slow forms (unpipelined units) would make saturating kernels huge. Choosing
     badly costs extra refinement rounds, never correctness (stage 7 adds missing resources).
@@ -327,8 +392,12 @@ def select_basic(singletons: Mapping[str, float], meas: Measurements, *,
     reps = sorted(classes)
     conflicts = {a: sum(1 for b in reps if b != a and share.get((a, b), 0.0) > 0.5)
                  for a in reps}
+    # forms that interact with another form (sharing above 1: see interacting_pairs) make
+    # core kernels that no resource model explains: they come last
+    interacts = {a: any(s > 1 + INTERACT_TOLS * tol + 1e-6
+                        for (x, _), s in share.items() if x == a) for a in reps}
     t_med = float(np.median([singletons[r] for r in reps]))
-    order = sorted(reps, key=lambda r: (singletons[r] > 4 * t_med, conflicts[r],
+    order = sorted(reps, key=lambda r: (singletons[r] > 4 * t_med, interacts[r], conflicts[r],
                                         round(singletons[r], 9), r))
     return Basic(classes=classes, basic=sorted(order[:max_basic]))
 
@@ -602,13 +671,20 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
     if need:
         return Step(need=need, state=list(state))
     defining = [(dict(k), float(t)) for k, t in state]
+    bad = interacting_pairs({b: singletons[b] for b in bas}, meas, cfg.tol, cfg.max_mult)
+
+    def sane(k: Kernel) -> bool:
+        # measured, and explainable by a resource model (no interaction, not super-additive)
+        text = _text(k)
+        return _ok(meas, text) and _resource_like(k, meas[text], singletons, cfg.tol, bad)
+
     while True:
         # kernels of every resource found so far must be measured before fitting
         need_set: set[str] = set()
         rows: list[_Row] = []
         fixed: list[int | None] = []
         for k in tests:
-            if _ok(meas, _text(k)):
+            if sane(k):
                 rows.append(_Row(k, meas[_text(k)], None))
                 fixed.append(None)
         for r, (d, t_def) in enumerate(defining):
@@ -618,14 +694,14 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
             if missing:
                 need_set |= missing
                 continue
-            if _ok(meas, _text(sk)):
+            if sane(sk):
                 rows.append(_Row(sk, meas[_text(sk)], r))
                 fixed.append(r)
             for b in bas:
                 for beta in cfg.betas:
                     base, k = mix(sk, t_sk, b, singletons[b], beta, cfg.max_kernel)
                     for kk in (base, k):
-                        if _ok(meas, _text(kk)):
+                        if sane(kk):
                             rows.append(_Row(kk, meas[_text(kk)], r))
                             fixed.append(r)
         if need_set:
@@ -636,7 +712,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         cands: list[tuple[float, str, Kernel]] = []
         used = {_text(_reduce(d)) for d, _ in defining}
         for k in tests:
-            if not _ok(meas, _text(k)):
+            if not sane(k):
                 continue
             m = meas[_text(k)]
             pred = float(_predict(rho, len(defining), k).max()) if defining else 0.0
@@ -819,17 +895,26 @@ def _count(text: str, form: str) -> int:
 
 def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
                singletons: Mapping[str, float], meas: Measurements, cfg: PalmedConfig,
-               pair_index: Mapping[str, list[str]]) -> tuple[list[_Row], list[int | None]]:
+               pair_index: Mapping[str, list[str]],
+               bad: set[frozenset[str]]) -> tuple[list[_Row], list[int | None]]:
+    """The kernels of one form's LP: its singleton, its pairs with basic forms, its mixes
+    with every saturating kernel; kernels no resource model explains (``_resource_like``)
+    left out."""
     rows: list[_Row] = [_Row({form: 1}, singletons[form], None)]
     fixed: list[int | None] = [None]
+
+    def sane(k: Mapping[str, int], text: str) -> bool:
+        return _ok(meas, text) and _resource_like(k, meas[text], singletons, cfg.tol, bad)
+
     for text in pair_index.get(form, []):
-        if _ok(meas, text):
-            rows.append(_Row(parse_canonical(text), meas[text], None))
+        k = parse_canonical(text)
+        if sane(k, text):
+            rows.append(_Row(k, meas[text], None))
             fixed.append(None)
     for r, (sk, t_sk) in enumerate(saturating):
         for beta in cfg.betas:
             base, k = mix(dict(sk), t_sk, form, singletons[form], beta, cfg.max_kernel)
-            if _ok(meas, _text(k)) and _ok(meas, _text(base)):
+            if sane(k, _text(k)) and sane(base, _text(base)):
                 rows.append(_Row(k, meas[_text(k)], r, _text(base), r))
                 fixed.append(r)
     return rows, fixed
@@ -838,12 +923,13 @@ def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
 def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
                meas: Measurements, saturating: Sequence[tuple[Mapping[str, int], float]],
                pair_index: Mapping[str, list[str]], cfg: PalmedConfig,
-               stats: _LPStats) -> dict[str, dict[int, float]]:
+               stats: _LPStats, bad: set[frozenset[str]] | None = None,
+               ) -> dict[str, dict[int, float]]:
     """Every form's uses of the resources of ``saturating``: per-form LPs (``_form_lp``),
     alternated with the designations until both are stable (at most ``fit_rounds``)."""
     n_res = len(saturating)
     rho: dict[str, dict[int, float]] = {f: dict(v) for f, v in core.rho.items()}
-    per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index)
+    per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index, bad or set())
                 for f in forms}
     exact = cfg.tol < NOISY_TOL
     for _ in range(cfg.fit_rounds):
@@ -943,12 +1029,14 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     rep_of = {m: rep for rep, members in (classes or {}).items() for m in members}
     noisy = cfg.tol >= NOISY_TOL
     known = set(forms)
+    bad = interacting_pairs({f: singletons[f] for f in forms}, meas, cfg.tol, cfg.max_mult)
     # the fixed in-sample check of a refinement round: singletons and balanced pairs
     checks: list[tuple[Kernel, float]] = []
     if noisy:
         for text, m in sorted(meas.items()):
             k = parse_canonical(text)
-            if not (math.isfinite(m) and set(k) <= known) or len(k) > 2:
+            if not (math.isfinite(m) and set(k) <= known) or len(k) > 2 \
+                    or not _resource_like(k, m, singletons, cfg.tol, bad):
                 continue
             if len(k) == 1 and k == {next(iter(k)): 1}:
                 checks.append((k, m))
@@ -963,14 +1051,14 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         if need:
             return Step(need=need, state=refined)
         n_res = len(defining)
-        rho = _fit_forms(core, forms, singletons, meas, saturating, pair_index, cfg, stats)
+        rho = _fit_forms(core, forms, singletons, meas, saturating, pair_index, cfg, stats, bad)
         if noisy and refined and rounds > 0:
             # keep the last refinement round only if it explains the singletons and pairs
             # better: with noisy measurements a new resource can fit noise and make the
             # model worse (seen: 8% -> 27% RMS at 2% noise)
             n_prev = n_res - sum(1 for _, _, rnd in refined if rnd == rounds - 1)
             prev = _fit_forms(core, forms, singletons, meas, saturating[:n_prev], pair_index,
-                              cfg, stats)
+                              cfg, stats, bad)
             now_s, prev_s = _misfit(rho, n_res, checks), _misfit(prev, n_prev, checks)
             if now_s > prev_s * (1 - REFINE_GAIN):
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
@@ -987,7 +1075,8 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         pool = ((_text(k), m) for k, m in checks) if noisy else meas.items()
         for text, m in pool:
             k = parse_canonical(text)
-            if not set(k) <= known or not (math.isfinite(m) and m > 0):
+            if not set(k) <= known or not (math.isfinite(m) and m > 0) \
+                    or not _resource_like(k, m, singletons, cfg.tol, bad):
                 continue
             pred = float(_predict(rho, n_res, k).max()) if n_res else 0.0
             gap = (m - pred) / m
