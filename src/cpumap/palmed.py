@@ -69,7 +69,10 @@ measured, in one round (on hardware each round starts the harness ``bench.rounds
 
 Noise (``tol >= NOISY_TOL``): upper bounds of the core and per-form LPs are soft (a penalised
 slack), a form's bounds only come from kernels where it is a sizeable share (``MIN_SHARE``);
-the form's singleton keeps its bottleneck within tol; the core adds a resource only for a gap
+the form's singleton keeps its bottleneck within tol, unless the form's mixes with that
+resource's saturating kernel bound its use below that (``_increase_bound``: a divider the core
+has no resource for was forced onto the FP multiplier; left unexplained, its singleton makes
+the refinement give it a resource of its own); the core adds a resource only for a gap
 above 2 tol; refinement resources only come from singletons and balanced pairs, and a
 refinement round is kept only if it lowers the misfit of singletons and pairs. Uses are still
 estimated from differences of measurements (``M(SK + i^n) - M(SK)``), which amplify relative
@@ -870,8 +873,13 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
         a[n_res + 2 * j + 1] = -1.0
         w = SINGLETON_WEIGHT if noisy and not others else 1.0
         c[n_res + 2 * j] = c[n_res + 2 * j + 1] = w * a[row.designated] / row.cycles
-        if noisy and not others:
-            # the form alone is the best-measured fact about it: its bottleneck keeps it
+        if noisy and not others and _increase_bound(form, rows, meas, row.designated, tol) \
+                >= t_form * (1 - tol):
+            # the form alone is the best-measured fact about it: its bottleneck keeps it,
+            # unless a mix with the resource's saturating kernel says the form uses much
+            # less of it (a divider has no resource yet: forced onto the FP multiplier, it
+            # made every kernel with both up to 38% slow); the singleton is then left
+            # unexplained, and the refinement gives the form a resource of its own
             lb[row.designated] = t_form * (1 - tol)
         eq_rows.append(a)
         b_eq.append(rhs)
@@ -881,6 +889,25 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
     # uses below the tolerance are noise (or LP round-off): a phantom use of a resource that
     # the form does not touch would add up over large kernels
     return {r: float(x[r]) for r in range(n_res) if x[r] > max(tol, 1e-9) * t_form}
+
+
+def _increase_bound(form: str, rows: Sequence[_Row], meas: Measurements, r: int,
+                    tol: float) -> float:
+    """The least use of resource r that the form's mixes with r's saturating kernel allow.
+
+    ``M(SK^s + form^n) - M(SK^s) >= n rho(form, r)`` whatever the bottleneck (within noise, so
+    ``2 tol`` of the mix's time is added): the smallest increase over the proportions bounds
+    the use from above. Infinite when no mix saturates r.
+    """
+    best = math.inf
+    for row in rows:
+        if row.saturated != r or row.base_text is None:
+            continue
+        n_add = row.kernel[form] - _count(row.base_text, form)
+        if n_add > 0:
+            inc = row.cycles - meas[row.base_text] + 2 * tol * row.cycles
+            best = min(best, max(inc, 0.0) / n_add)
+    return best
 
 
 def _ok(meas: Measurements, text: str) -> bool:
