@@ -25,7 +25,9 @@ Stages (and why)
    bottleneck resource the model lacks, so it becomes the *defining kernel* of a new resource.
    Its saturating kernel SK (the defining kernel scaled up) and the mixes ``SK + b^n`` for
    every basic b at a few proportions are measured, and one joint LP (``_core_lp``) refits
-   all uses of all basic instructions. Ends when no core kernel is under-predicted.
+   all uses of all basic instructions. Ends when no core kernel is under-predicted, or at
+   ``max_core_resources`` (the rest of ``max_resources`` is left to the refinement, the only
+   stage that can give a form outside the basic set, e.g. a divider, a resource of its own).
 5. **Saturating kernels** (``select_saturating``): one per resource, its defining kernel
    scaled to a common size.
 6. **Mapping kernels** (``select_mapping_kernels``): every remaining form i against every
@@ -170,6 +172,9 @@ class PalmedConfig:
     seed: int = 0
     max_pair_forms: int | None = 120  # pairs among at most this many forms (None: all)
     core_batch: int = 1  # resources the core may add per measurement round
+    # resources the core may find (None: max_resources); the rest is left to the refinement,
+    # which alone can give slow forms (dividers) a resource of their own
+    max_core_resources: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
@@ -178,7 +183,11 @@ class PalmedConfig:
                 "max_refine": self.max_refine, "refine_batch": self.refine_batch,
                 "fit_rounds": self.fit_rounds, "max_kernel": self.max_kernel,
                 "seed": self.seed, "max_pair_forms": self.max_pair_forms,
-                "core_batch": self.core_batch}
+                "core_batch": self.core_batch, "max_core_resources": self.max_core_resources}
+
+    @property
+    def core_cap(self) -> int:
+        return min(self.max_resources, self.max_core_resources or self.max_resources)
 
 
 # --------------------------------------------------------------------------- kernel helpers
@@ -727,7 +736,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
                 cands.append(key)
                 if worst is None or key[:2] < (worst[0], worst[1]):
                     worst = (key[0], key[1], k)
-        if worst is None or len(defining) >= cfg.max_resources:
+        if worst is None or len(defining) >= cfg.core_cap:
             log(f"core: {len(defining)} resources over {len(bas)} basic instructions")
             core = Core(basic=bas, defining=[d for d, _ in defining], rho=rho, tests=test_texts,
                         t_defining=[t for _, t in defining])
@@ -737,7 +746,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         taken: set[str] = set()
         added = 0
         for gap, text, k in sorted(cands, key=lambda c: c[:2]):
-            if added >= cfg.core_batch or len(defining) >= cfg.max_resources:
+            if added >= cfg.core_batch or len(defining) >= cfg.core_cap:
                 break
             if set(k) & taken:
                 continue
