@@ -26,7 +26,9 @@ Stages (and why)
    bottleneck resource the model lacks, so it becomes the *defining kernel* of a new resource.
    Its saturating kernel SK (the defining kernel scaled up) and the mixes ``SK + b^n`` for
    every basic b at a few proportions are measured, and one joint LP (``_core_lp``) refits
-   all uses of all basic instructions. Ends when no core kernel is under-predicted.
+   all uses of all basic instructions. Ends when no core kernel is under-predicted, or at
+   ``max_core_resources`` (the rest of ``max_resources`` is left to the refinement, the only
+   stage that can give a form outside the basic set, e.g. a divider, a resource of its own).
 5. **Saturating kernels** (``select_saturating``): one per resource, its defining kernel
    scaled to a common size.
 6. **Mapping kernels** (``select_mapping_kernels``): every remaining form i against every
@@ -48,6 +50,21 @@ Stages (and why)
 
 The model predicts ``max_r sum_i sigma(K, i) rho(i, r)`` (``cpumap.resmodel.predict``).
 
+Kernels no resource model explains
+----------------------------------
+A resource model is sub-additive: ``M(A + B) <= M(A) + M(B)``, so a pair's sharing is at most 1.
+On hardware some pairs are slower together than in sequence, because the generated code makes
+them depend on each other (flags: CMOVE after SHR by CL; registers: legacy-SSE writes merging
+into registers that 512-bit forms wrote; memory ordering: a read-modify-write store among other
+stores). On Zen 4, 89 of the 3,160 pairs of the quick set (ADD m64,r64 with MOVSD to memory: 5.2
+cycles a pair, 2.0 for the two in sequence). Fitted, such kernels became defining kernels of
+resources of which every form mixed with them got a phantom use (held-out IPC error 19.6%,
+Kendall's tau 0.73). So pairs whose sharing exceeds ``1 + INTERACT_TOLS tol`` are *interacting*
+(``interacting_pairs``), and a kernel holding one, or slower than ``1 + SUPERADD_TOLS tol``
+times the sum of its forms' singletons, is left out of every LP and may not define a resource
+(``_resource_like``); forms that interact come last among the basic instructions. Held-out
+kernels that hold an interacting pair stay mispredicted: no resource model can predict them.
+
 Every kernel is *built* from construction times (a resource's defining kernel comes with the
 measured time it was derived from, SK^s takes s times that), never from a measurement of the
 kernel it extends: a new resource's saturating kernel and all its mixes are chosen, and
@@ -55,7 +72,10 @@ measured, in one round (on hardware each round starts the harness ``bench.rounds
 
 Noise (``tol >= NOISY_TOL``): upper bounds of the core and per-form LPs are soft (a penalised
 slack), a form's bounds only come from kernels where it is a sizeable share (``MIN_SHARE``);
-the form's singleton keeps its bottleneck within tol; the core adds a resource only for a gap
+the form's singleton keeps its bottleneck within tol, unless the form's mixes with that
+resource's saturating kernel bound its use below that (``_increase_bound``: a divider the core
+has no resource for was forced onto the FP multiplier; left unexplained, its singleton makes
+the refinement give it a resource of its own); the core adds a resource only for a gap
 above 2 tol; refinement resources only come from singletons and balanced pairs, and a
 refinement round is kept only if it lowers the misfit of singletons and pairs. Uses are still
 estimated from differences of measurements (``M(SK + i^n) - M(SK)``), which amplify relative
@@ -86,6 +106,7 @@ __all__ = [
     "balanced",
     "fit_core",
     "fit_remaining",
+    "interacting_pairs",
     "mix",
     "pair_candidates",
     "select_basic",
@@ -110,6 +131,13 @@ REFINE_MIN_GAP = 1e-3
 MIN_SHARE = 0.25
 #: Noisy per-form LPs: weight of the singleton's tightness against one mix kernel's.
 SINGLETON_WEIGHT = 4.0
+#: Two forms *interact* when their balanced pair's sharing exceeds 1 by more than this many tol
+#: (the pair is slower than its two parts run one after the other: no resource model can say
+#: that; see ``interacting_pairs``).
+INTERACT_TOLS = 4.0
+#: A kernel is *super-additive* when it takes more than (1 + this many tol) times the sum of its
+#: forms' singleton times (``_resource_like``).
+SUPERADD_TOLS = 2.0
 
 Kernel = dict[str, int]
 Measurements = Mapping[str, float]
@@ -143,6 +171,9 @@ class PalmedConfig:
     seed: int = 0
     max_pair_forms: int | None = 120  # pairs among at most this many forms (None: all)
     core_batch: int = 1  # resources the core may add per measurement round
+    # resources the core may find (None: max_resources); the rest is left to the refinement,
+    # which alone can give slow forms (dividers) a resource of their own
+    max_core_resources: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
@@ -151,7 +182,11 @@ class PalmedConfig:
                 "max_refine": self.max_refine, "refine_batch": self.refine_batch,
                 "fit_rounds": self.fit_rounds, "max_kernel": self.max_kernel,
                 "seed": self.seed, "max_pair_forms": self.max_pair_forms,
-                "core_batch": self.core_batch}
+                "core_batch": self.core_batch, "max_core_resources": self.max_core_resources}
+
+    @property
+    def core_cap(self) -> int:
+        return min(self.max_resources, self.max_core_resources or self.max_resources)
 
 
 # --------------------------------------------------------------------------- kernel helpers
@@ -262,6 +297,47 @@ def sharing(a: str, b: str, singletons: Mapping[str, float], meas: Measurements,
     return (m - max(x, y)) / min(x, y)
 
 
+def interacting_pairs(singletons: Mapping[str, float], meas: Measurements, tol: float,
+                      max_mult: int = 8) -> set[frozenset[str]]:
+    """Pairs of forms whose balanced pair is slower than both parts in sequence (sharing > 1).
+
+    In a resource model a kernel never takes longer than its parts one after the other
+    (``M(A + B) <= M(A) + M(B)``), so a sharing above 1 (+ ``INTERACT_TOLS`` tol) is not
+    throughput but an interaction that the generated code creates between the two forms: a
+    dependence through flags or registers (CMOVE after SHR by CL, legacy-SSE writes merging into
+    registers that 512-bit forms wrote), or memory ordering (a read-modify-write store among
+    other stores). See the module docstring for what they did to the model on Zen 4.
+    """
+    forms = sorted(singletons)
+    out: set[frozenset[str]] = set()
+    for i, a in enumerate(forms):
+        for b in forms[i + 1:]:
+            s = sharing(a, b, singletons, meas, max_mult)
+            if s is not None and s > 1 + INTERACT_TOLS * tol + 1e-6:
+                out.add(frozenset((a, b)))
+    return out
+
+
+def _resource_like(k: Mapping[str, int], m: float, singletons: Mapping[str, float], tol: float,
+                   bad: set[frozenset[str]]) -> bool:
+    """Whether a measured kernel can be explained by a resource model at all.
+
+    Not when it holds an interacting pair of forms, nor when it is super-additive: slower than
+    the sum of its forms' singleton times by more than ``SUPERADD_TOLS`` tol. Such kernels may
+    not define a resource and stay out of every LP: fitted, they spread their extra time over
+    the uses of every form mixed with them.
+    """
+    forms = sorted(k)
+    if bad:
+        for i, a in enumerate(forms):
+            for b in forms[i + 1:]:
+                if frozenset((a, b)) in bad:
+                    return False
+    if not all(f in singletons for f in forms):
+        return True
+    return m <= (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items()) + 1e-12
+
+
 # --------------------------------------------------------------------------- classes, basic
 
 
@@ -285,8 +361,9 @@ def select_basic(singletons: Mapping[str, float], meas: Measurements, *,
     a ratio of differences, so it amplifies noise). Forms join the first compatible class in
     name order (deterministic); the representative is the first member.
 
-    Basic instructions: the representatives that conflict (sharing > 0.5) with the fewest other
-    representatives, then the fastest. A form that competes with few others uses few resources
+    Basic instructions: the representatives that interact with no form (``interacting_pairs``),
+    then those that conflict (sharing > 0.5) with the fewest other representatives, then the
+    fastest. A form that competes with few others uses few resources
     (e.g. one μop on one port group) and makes saturating kernels with a single clear
     bottleneck; slow forms (unpipelined units) would make saturating kernels huge. Choosing
     badly costs extra refinement rounds, never correctness (stage 7 adds missing resources).
@@ -326,8 +403,12 @@ def select_basic(singletons: Mapping[str, float], meas: Measurements, *,
     reps = sorted(classes)
     conflicts = {a: sum(1 for b in reps if b != a and share.get((a, b), 0.0) > 0.5)
                  for a in reps}
+    # forms that interact with another form (sharing above 1: see interacting_pairs) make
+    # core kernels that no resource model explains: they come last
+    interacts = {a: any(s > 1 + INTERACT_TOLS * tol + 1e-6
+                        for (x, _), s in share.items() if x == a) for a in reps}
     t_med = float(np.median([singletons[r] for r in reps]))
-    order = sorted(reps, key=lambda r: (singletons[r] > 4 * t_med, conflicts[r],
+    order = sorted(reps, key=lambda r: (singletons[r] > 4 * t_med, interacts[r], conflicts[r],
                                         round(singletons[r], 9), r))
     return Basic(classes=classes, basic=sorted(order[:max_basic]))
 
@@ -601,13 +682,20 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
     if need:
         return Step(need=need, state=list(state))
     defining = [(dict(k), float(t)) for k, t in state]
+    bad = interacting_pairs({b: singletons[b] for b in bas}, meas, cfg.tol, cfg.max_mult)
+
+    def sane(k: Kernel) -> bool:
+        # measured, and explainable by a resource model (no interaction, not super-additive)
+        text = _text(k)
+        return _ok(meas, text) and _resource_like(k, meas[text], singletons, cfg.tol, bad)
+
     while True:
         # kernels of every resource found so far must be measured before fitting
         need_set: set[str] = set()
         rows: list[_Row] = []
         fixed: list[int | None] = []
         for k in tests:
-            if _ok(meas, _text(k)):
+            if sane(k):
                 rows.append(_Row(k, meas[_text(k)], None))
                 fixed.append(None)
         for r, (d, t_def) in enumerate(defining):
@@ -617,14 +705,14 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
             if missing:
                 need_set |= missing
                 continue
-            if _ok(meas, _text(sk)):
+            if sane(sk):
                 rows.append(_Row(sk, meas[_text(sk)], r))
                 fixed.append(r)
             for b in bas:
                 for beta in cfg.betas:
                     base, k = mix(sk, t_sk, b, singletons[b], beta, cfg.max_kernel)
                     for kk in (base, k):
-                        if _ok(meas, _text(kk)):
+                        if sane(kk):
                             rows.append(_Row(kk, meas[_text(kk)], r))
                             fixed.append(r)
         if need_set:
@@ -635,7 +723,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         cands: list[tuple[float, str, Kernel]] = []
         used = {_text(_reduce(d)) for d, _ in defining}
         for k in tests:
-            if not _ok(meas, _text(k)):
+            if not sane(k):
                 continue
             m = meas[_text(k)]
             pred = float(_predict(rho, len(defining), k).max()) if defining else 0.0
@@ -647,7 +735,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
                 cands.append(key)
                 if worst is None or key[:2] < (worst[0], worst[1]):
                     worst = (key[0], key[1], k)
-        if worst is None or len(defining) >= cfg.max_resources:
+        if worst is None or len(defining) >= cfg.core_cap:
             log(f"core: {len(defining)} resources over {len(bas)} basic instructions")
             core = Core(basic=bas, defining=[d for d, _ in defining], rho=rho, tests=test_texts,
                         t_defining=[t for _, t in defining])
@@ -657,7 +745,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         taken: set[str] = set()
         added = 0
         for gap, text, k in sorted(cands, key=lambda c: c[:2]):
-            if added >= cfg.core_batch or len(defining) >= cfg.max_resources:
+            if added >= cfg.core_batch or len(defining) >= cfg.core_cap:
                 break
             if set(k) & taken:
                 continue
@@ -793,8 +881,13 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
         a[n_res + 2 * j + 1] = -1.0
         w = SINGLETON_WEIGHT if noisy and not others else 1.0
         c[n_res + 2 * j] = c[n_res + 2 * j + 1] = w * a[row.designated] / row.cycles
-        if noisy and not others:
-            # the form alone is the best-measured fact about it: its bottleneck keeps it
+        if noisy and not others and _increase_bound(form, rows, meas, row.designated, tol) \
+                >= t_form * (1 - tol):
+            # the form alone is the best-measured fact about it: its bottleneck keeps it,
+            # unless a mix with the resource's saturating kernel says the form uses much
+            # less of it (a divider has no resource yet: forced onto the FP multiplier, it
+            # made every kernel with both up to 38% slow); the singleton is then left
+            # unexplained, and the refinement gives the form a resource of its own
             lb[row.designated] = t_form * (1 - tol)
         eq_rows.append(a)
         b_eq.append(rhs)
@@ -804,6 +897,25 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
     # uses below the tolerance are noise (or LP round-off): a phantom use of a resource that
     # the form does not touch would add up over large kernels
     return {r: float(x[r]) for r in range(n_res) if x[r] > max(tol, 1e-9) * t_form}
+
+
+def _increase_bound(form: str, rows: Sequence[_Row], meas: Measurements, r: int,
+                    tol: float) -> float:
+    """The least use of resource r that the form's mixes with r's saturating kernel allow.
+
+    ``M(SK^s + form^n) - M(SK^s) >= n rho(form, r)`` whatever the bottleneck (within noise, so
+    ``2 tol`` of the mix's time is added): the smallest increase over the proportions bounds
+    the use from above. Infinite when no mix saturates r.
+    """
+    best = math.inf
+    for row in rows:
+        if row.saturated != r or row.base_text is None:
+            continue
+        n_add = row.kernel[form] - _count(row.base_text, form)
+        if n_add > 0:
+            inc = row.cycles - meas[row.base_text] + 2 * tol * row.cycles
+            best = min(best, max(inc, 0.0) / n_add)
+    return best
 
 
 def _ok(meas: Measurements, text: str) -> bool:
@@ -818,17 +930,26 @@ def _count(text: str, form: str) -> int:
 
 def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
                singletons: Mapping[str, float], meas: Measurements, cfg: PalmedConfig,
-               pair_index: Mapping[str, list[str]]) -> tuple[list[_Row], list[int | None]]:
+               pair_index: Mapping[str, list[str]],
+               bad: set[frozenset[str]]) -> tuple[list[_Row], list[int | None]]:
+    """The kernels of one form's LP: its singleton, its pairs with basic forms, its mixes
+    with every saturating kernel; kernels no resource model explains (``_resource_like``)
+    left out."""
     rows: list[_Row] = [_Row({form: 1}, singletons[form], None)]
     fixed: list[int | None] = [None]
+
+    def sane(k: Mapping[str, int], text: str) -> bool:
+        return _ok(meas, text) and _resource_like(k, meas[text], singletons, cfg.tol, bad)
+
     for text in pair_index.get(form, []):
-        if _ok(meas, text):
-            rows.append(_Row(parse_canonical(text), meas[text], None))
+        k = parse_canonical(text)
+        if sane(k, text):
+            rows.append(_Row(k, meas[text], None))
             fixed.append(None)
     for r, (sk, t_sk) in enumerate(saturating):
         for beta in cfg.betas:
             base, k = mix(dict(sk), t_sk, form, singletons[form], beta, cfg.max_kernel)
-            if _ok(meas, _text(k)) and _ok(meas, _text(base)):
+            if sane(k, _text(k)) and sane(base, _text(base)):
                 rows.append(_Row(k, meas[_text(k)], r, _text(base), r))
                 fixed.append(r)
     return rows, fixed
@@ -837,12 +958,13 @@ def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
 def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
                meas: Measurements, saturating: Sequence[tuple[Mapping[str, int], float]],
                pair_index: Mapping[str, list[str]], cfg: PalmedConfig,
-               stats: _LPStats) -> dict[str, dict[int, float]]:
+               stats: _LPStats, bad: set[frozenset[str]] | None = None,
+               ) -> dict[str, dict[int, float]]:
     """Every form's uses of the resources of ``saturating``: per-form LPs (``_form_lp``),
     alternated with the designations until both are stable (at most ``fit_rounds``)."""
     n_res = len(saturating)
     rho: dict[str, dict[int, float]] = {f: dict(v) for f, v in core.rho.items()}
-    per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index)
+    per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index, bad or set())
                 for f in forms}
     exact = cfg.tol < NOISY_TOL
     for _ in range(cfg.fit_rounds):
@@ -942,12 +1064,14 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     rep_of = {m: rep for rep, members in (classes or {}).items() for m in members}
     noisy = cfg.tol >= NOISY_TOL
     known = set(forms)
+    bad = interacting_pairs({f: singletons[f] for f in forms}, meas, cfg.tol, cfg.max_mult)
     # the fixed in-sample check of a refinement round: singletons and balanced pairs
     checks: list[tuple[Kernel, float]] = []
     if noisy:
         for text, m in sorted(meas.items()):
             k = parse_canonical(text)
-            if not (math.isfinite(m) and set(k) <= known) or len(k) > 2:
+            if not (math.isfinite(m) and set(k) <= known) or len(k) > 2 \
+                    or not _resource_like(k, m, singletons, cfg.tol, bad):
                 continue
             if len(k) == 1 and k == {next(iter(k)): 1}:
                 checks.append((k, m))
@@ -962,14 +1086,14 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         if need:
             return Step(need=need, state=refined)
         n_res = len(defining)
-        rho = _fit_forms(core, forms, singletons, meas, saturating, pair_index, cfg, stats)
+        rho = _fit_forms(core, forms, singletons, meas, saturating, pair_index, cfg, stats, bad)
         if noisy and refined and rounds > 0:
             # keep the last refinement round only if it explains the singletons and pairs
             # better: with noisy measurements a new resource can fit noise and make the
             # model worse (seen: 8% -> 27% RMS at 2% noise)
             n_prev = n_res - sum(1 for _, _, rnd in refined if rnd == rounds - 1)
             prev = _fit_forms(core, forms, singletons, meas, saturating[:n_prev], pair_index,
-                              cfg, stats)
+                              cfg, stats, bad)
             now_s, prev_s = _misfit(rho, n_res, checks), _misfit(prev, n_prev, checks)
             if now_s > prev_s * (1 - REFINE_GAIN):
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
@@ -986,7 +1110,8 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         pool = ((_text(k), m) for k, m in checks) if noisy else meas.items()
         for text, m in pool:
             k = parse_canonical(text)
-            if not set(k) <= known or not (math.isfinite(m) and m > 0):
+            if not set(k) <= known or not (math.isfinite(m) and m > 0) \
+                    or not _resource_like(k, m, singletons, cfg.tol, bad):
                 continue
             pred = float(_predict(rho, n_res, k).max()) if n_res else 0.0
             gap = (m - pred) / m
