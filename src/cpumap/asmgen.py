@@ -20,7 +20,9 @@ pool. Registers used implicitly by a form of the kernel (RAX/RDX of MUL, CL of s
 neither pool. Memory: the arena is split in a read half and a write half; every memory operand is
 ``disp(%r14)`` (reads) or ``disp(%r13)`` (writes: a base register of its own) with a fixed
 base and displacements rotating over 64-byte slots of its half (and over
-size-aligned offsets inside the slot, to spread accesses over the L1 banks).
+size-aligned offsets inside the slot, to spread accesses over the L1 banks). When a kernel has
+both plain stores and read-modify-writes, each kind rotates over its own half of the write
+half, so no read-modify-write loads what a store of another form wrote.
 
 Instructions are emitted as the bytes iced-x86 encodes (with the AT&T text as a comment) so that
 the assembler cannot silently pick another encoding than the form being measured.
@@ -41,6 +43,10 @@ from . import x86
 from .x86 import FormSpec
 
 ABI_VERSION = 1
+#: How kernels are laid out (registers, memory slots): part of every measurement's identity.
+#: 2: read-modify-write memory operands get slots of their own when the kernel also stores
+#: (Emitter.operands_for); rows measured with layout 1 are not reused.
+LAYOUT_VERSION = 2
 SLOT_BYTES = 64
 # Value every arena byte pattern and GPR starts with: non-zero bytes (no division by zero),
 # normal floats in every lane width (no denormal assists), see CONTRACTS / the harness.
@@ -61,7 +67,7 @@ class GenParams:
 
     def as_dict(self) -> dict:
         return {"unroll_size": self.unroll_size, "total_insn": self.total_insn,
-                "arena_bytes": self.arena_bytes, "abi": ABI_VERSION}
+                "arena_bytes": self.arena_bytes, "abi": ABI_VERSION, "layout": LAYOUT_VERSION}
 
 
 _TERM = re.compile(r"^(?P<form>.+?)(?:\s*\*\s*(?P<n>\d+))?$")
@@ -161,6 +167,8 @@ class Emitter:
     rr_reg: Counter = field(default_factory=Counter)
     rr_mem: Counter = field(default_factory=Counter)
     cache: dict = field(default_factory=dict)
+    #: the kernel has both plain stores and read-modify-writes of memory (see operands_for)
+    split_rmw: bool = False
 
     def operands_for(self, name: str) -> tuple[list[str | None], int, str]:
         spec = self.specs[name]
@@ -183,15 +191,25 @@ class Emitter:
                 regs.append(x86.reg_name(op.cls, op.width, idx))
             elif op.kind == "mem":
                 side = "w" if "w" in op.access else "r"
-                slot = self.rr_mem[side] % slots
+                region = 0
+                n_slots = slots
+                if self.split_rmw and side == "w":
+                    # stores in the first half of the write half, read-modify-writes in the
+                    # second: a read-modify-write never loads what a store of another form
+                    # just wrote (measured on Zen 4: ADD m64,r64 + MOVSD m64,xmm 5.35 cycles
+                    # a pair when they shared slots, 1.0 each alone)
+                    side = op.access
+                    n_slots = max(1, slots // 2)
+                    region = (n_slots * SLOT_BYTES) if side == "rw" else 0
+                slot = self.rr_mem[side] % n_slots
                 self.rr_mem[side] += 1
                 # Rotate the offset inside the 64-byte line by the access size as well: L1
                 # banks are selected by the low address bits, and same-offset accesses to
                 # different lines conflict (measured: 2.5 instead of 3 loads/cycle on Zen 4).
                 size = max(1, op.width // 8)
                 inline = (slot * size) % SLOT_BYTES if size < SLOT_BYTES else 0
-                displ = slot * SLOT_BYTES + inline
-                base = x86.WRITE_BASE if side == "w" else x86.MEM_BASE
+                displ = region + slot * SLOT_BYTES + inline
+                base = x86.WRITE_BASE if side != "r" else x86.MEM_BASE
                 regs.append(None)
             else:
                 regs.append(None)
@@ -299,7 +317,9 @@ def generate_batch(
         alloc = plan_pools(kspecs)
         counts = []
         # f1's body is the first half of f2's: both start from the same allocator state
-        em = Emitter(specs, alloc, params.arena_bytes)
+        mem_writes = {op.access for sp in kspecs for op in sp.operands
+                      if op.kind == "mem" and "w" in op.access}
+        em = Emitter(specs, alloc, params.arena_bytes, split_rmw={"w", "rw"} <= mem_writes)
         body2 = [em.emit(name) for _ in range(2 * unroll) for name in copy]
         for fn, body in (("f1", body2[:unroll * m]), ("f2", body2)):
             lines, fixed = _function(f"cpumap_k{i}_{fn}", body, kspecs, host_flags,

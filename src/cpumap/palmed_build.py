@@ -45,6 +45,7 @@ from .palmed import (
     _text,
     fit_core,
     fit_remaining,
+    interacting_pairs,
     pair_candidates,
     select_basic,
     select_mapping_kernels,
@@ -258,6 +259,11 @@ class Build:
                               for i, (n, d, s) in enumerate(zip(names, defining, saturating,
                                                                 strict=True))},
                 "kernels": dict(self.counts),
+                # pairs slower together than in sequence: kernels holding one are outside
+                # what a resource model can predict (predictions for them are flagged)
+                "interacting": sorted(sorted(p) for p in interacting_pairs(
+                    {f: self.singletons[f] for f in self.candidates}, self.meas,
+                    self.config.tol, self.config.max_mult)),
                 **dict(provenance or {}),
             })
         stats = {"kernels": dict(self.counts), "total_kernels": sum(self.counts.values()),

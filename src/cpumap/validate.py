@@ -46,6 +46,14 @@ def metrics(table: pd.DataFrame) -> dict[str, float]:
             "mape_ipc": float(np.mean(np.abs(rel))), "kendall_tau": float(tau)}
 
 
+def interacting(model: resmodel.ResourceModel, kernel: Mapping[str, int]) -> bool:
+    """Whether the kernel holds a pair of forms the model's build found interacting (slower
+    together than in sequence: outside what a resource model predicts)."""
+    pairs = {frozenset(p) for p in model.provenance.get("interacting", [])}
+    forms = sorted(kernel)
+    return any(frozenset((a, b)) in pairs for i, a in enumerate(forms) for b in forms[i + 1:])
+
+
 def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
              measure: Callable[[list[str]], Mapping[str, float]]) -> pd.DataFrame:
     """Measured and predicted cycles and IPC of each kernel (failed measurements: NaN)."""
@@ -58,6 +66,7 @@ def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
         meas = measured.get(asmgen.canonical(k), math.nan)
         rows.append({"kernel": text, "n_insns": n, "cycles_measured": meas,
                      "cycles_predicted": pred, "bottleneck": bottleneck,
+                     "interacting": interacting(model, k),
                      "ipc_measured": n / meas if meas and meas > 0 else math.nan,
                      "ipc_predicted": n / pred if pred > 0 else math.nan})
     return pd.DataFrame(rows)
