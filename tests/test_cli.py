@@ -89,7 +89,17 @@ def test_predict_with_a_model(results, tmp_path):
     out = json.loads(run(results, "predict", "--json", "--model", str(model),
                          "ADDSS_XMM_XMM*2", "BSR_R64_R64").stdout)
     assert out["cycles"] == pytest.approx(1.5) and out["bottleneck"] == "p01"
-    assert out["ipc"] == pytest.approx(2.0)
+    assert out["ipc"] == pytest.approx(2.0) and out["interacting"] is False
+    # a pair the build found interacting: predicted all the same, flagged, warned on stderr
+    data = json.loads(model.read_text())
+    data["provenance"]["interacting"] = [["ADDSS_XMM_XMM", "BSR_R64_R64"]]
+    flagged = tmp_path / "flagged.json"
+    flagged.write_text(json.dumps(data))
+    proc = run(results, "predict", "--json", "--model", str(flagged), "ADDSS_XMM_XMM*2",
+               "BSR_R64_R64")
+    out = json.loads(proc.stdout)
+    assert out["cycles"] == pytest.approx(1.5) and out["interacting"] is True
+    assert "no resource model predicts it" in proc.stderr
     # AT&T text resolves through the catalogue; a form outside the model is an input error
     out = json.loads(run(results, "predict", "--json", "--model", str(model),
                          "bsrq %rax, %rbx", "BSR_R64_R64*2").stdout)

@@ -142,7 +142,7 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
-    from . import resmodel  # local import: predicting needs neither the harness nor iced
+    from . import resmodel, validate  # local: predicting needs neither harness nor iced
 
     try:
         model = resmodel.load(args.model)
@@ -171,12 +171,18 @@ def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
     out = {"kernel": asmgen.canonical(kernel), "forms": sorted(kernel),
            "n_insns": sum(kernel.values()), "cycles": cycles,
            "ipc": sum(kernel.values()) / cycles if cycles > 0 else None,
-           "bottleneck": bottleneck, "model": str(args.model)}
+           "bottleneck": bottleneck, "model": str(args.model),
+           "interacting": validate.interacting(model, kernel)}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(f"{out['kernel']}: {cycles:.4f} cycles per instance, IPC {out['ipc']:.3f}, "
               f"bottleneck {bottleneck}")
+    if out["interacting"]:
+        # a prediction the model cannot vouch for: said on stderr so that --json stays JSON
+        print("warning: the kernel holds a pair of forms that ran slower together than one "
+              "after the other when the model was built (provenance.interacting): no "
+              "resource model predicts it", file=sys.stderr)
     return 0
 
 

@@ -64,6 +64,11 @@ Kendall's tau 0.73). So pairs whose sharing exceeds ``1 + INTERACT_TOLS tol`` ar
 times the sum of its forms' singletons, is left out of every LP and may not define a resource
 (``_resource_like``); forms that interact come last among the basic instructions. Held-out
 kernels that hold an interacting pair stay mispredicted: no resource model can predict them.
+Two of the causes were then removed where they arise: the generator gives read-modify-writes
+memory slots of their own (``asmgen`` layout 2: ADD m64,r64 + MOVSD m64,xmm now 2.0 cycles a
+pair) and shifts by CL are not modelled (``modelling.modelable``); legacy-SSE forms stay slower
+next to 512-bit forms whatever registers they use (ADDPD xmm 1.0 instead of 0.5 cycles with
+disjoint write pools too): that one is the hardware's.
 
 Every kernel is *built* from construction times (a resource's defining kernel comes with the
 measured time it was derived from, SK^s takes s times that), never from a measurement of the
