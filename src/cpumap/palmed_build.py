@@ -100,12 +100,12 @@ class Build:
         todo = sorted({k for k in kernels if k not in self.meas})
         if todo:
             self.calls[stage] = self.calls.get(stage, 0) + 1
-            self._store(todo, measure(list(todo)), stage)
+            self._store(todo, measure(list(todo)))
             self.asked.setdefault(stage, []).extend(todo)
         self.counts[stage] = self.counts.get(stage, 0) + len(todo)
         log(f"{stage}: measured {len(todo)} kernels")
 
-    def _store(self, kernels: Sequence[str], values: Sequence[float], stage: str) -> None:
+    def _store(self, kernels: Sequence[str], values: Sequence[float]) -> None:
         if len(values) != len(kernels):
             raise RuntimeError(f"measure returned {len(values)} values for {len(kernels)}")
         for k, v in zip(kernels, values, strict=True):
@@ -191,28 +191,26 @@ class Build:
         self.lp["core"] = {"solves": st.solves, "seconds": st.seconds}
         self._finish("core", t0)
 
-    def saturating_kernels(self) -> list[str]:
+    def _mapping_sets(self) -> tuple[list[str], list[str]]:
+        """Stages 5-6: the saturating kernels, and every form against each of them."""
         assert self.core is not None
-        return [_text(k) for k, _ in
-                select_saturating(self.core, self.meas, self.singletons, self.config)]
+        s = self.singletons
+        saturating = select_saturating(self.core, self.meas, s, self.config)
+        return ([_text(k) for k, _ in saturating],
+                select_mapping_kernels(saturating, self.forms, s, self.meas, self.config))
 
     def mapping_kernels(self) -> list[str]:
-        """Stages 5-6: the saturating kernels and every form against each (not known yet)."""
-        assert self.core is not None
-        saturating = select_saturating(self.core, self.meas, self.singletons, self.config)
-        out = set(self.saturating_kernels())
-        out |= set(select_mapping_kernels(saturating, self.forms, self.singletons, self.meas,
-                                          self.config))
-        return sorted(k for k in out if k not in self.meas)
+        """The kernels stages 5-6 measure (those not known yet)."""
+        sat, mixes = self._mapping_sets()
+        return sorted(k for k in set(sat) | set(mixes) if k not in self.meas)
 
     def mapping(self, measure: Measure, log: Log = _nolog) -> None:
         self._need("mapping")
-        assert self.core is not None
         t0 = time.perf_counter()
-        saturating = select_saturating(self.core, self.meas, self.singletons, self.config)
-        self.run("saturating", self.saturating_kernels(), measure, log)
-        self.run("mapping", select_mapping_kernels(saturating, self.forms, self.singletons,
-                                                   self.meas, self.config), measure, log)
+        sat, mixes = self._mapping_sets()
+        # run() skips what is known: the saturating kernels among the mixes count once
+        self.run("saturating", sat, measure, log)
+        self.run("mapping", mixes, measure, log)
         self._finish("mapping", t0)
 
     def remaining(self, measure: Measure, log: Log = _nolog,
@@ -241,7 +239,7 @@ class Build:
         self.lp["remaining"] = {"solves": st.solves, "seconds": st.seconds}
         self._finish("remaining", t0)
 
-        core, basic = self.core, self.basic
+        core, basic, singletons = self.core, self.basic, self.singletons
         names = [f"R{r:02d}" for r in range(len(defining))]
         rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())}
                for f in self.forms}
@@ -262,7 +260,7 @@ class Build:
                 # pairs slower together than in sequence: kernels holding one are outside
                 # what a resource model can predict (predictions for them are flagged)
                 "interacting": sorted(sorted(p) for p in interacting_pairs(
-                    {f: self.singletons[f] for f in self.candidates}, self.meas,
+                    {f: singletons[f] for f in self.candidates}, self.meas,
                     self.config.tol, self.config.max_mult)),
                 **dict(provenance or {}),
             })
@@ -326,7 +324,7 @@ class Build:
                 done=list(d["done"]), info=dict(d["info"]))
         kernels = [k for stage in d["asked"].values() for k in stage]
         if kernels:
-            b._store(kernels, measure(kernels), "reload")
+            b._store(kernels, measure(kernels))
         return b
 
 
