@@ -203,6 +203,18 @@ def test_simulated_pipeline_through_slurm(tmp_path: Path) -> None:
         p.name.removeprefix("part-singletons-").removesuffix(".parquet")
         for p in (mdir / "db").glob("part-singletons-*.parquet"))
     assert all(len(set(r)) == 1 for r in ran), ran
+    # Palmed's planned kernels: one Slurm job per batch too, none run inside another job
+    # (the core and refinement rounds measure inside their stage's job: part-palmed-core*)
+    parts = {p.name.removeprefix("part-").removesuffix(".parquet")
+             for stage in ("pairs", "mapping")
+             for p in (mdir / "db").glob(f"part-palmed-{stage}-*.parquet")}
+    logs = sorted((tmp_path / "slurm-logs").glob("rule_palmed_measure/**/*.log"))
+    ran = [re.findall(r"pstage=(\w+), batch=(\d{4}-[0-9a-f]{8})", log.read_text())
+           for log in logs]
+    assert {"pairs", "mapping"} == {p.split("-")[1] for p in parts}, parts
+    assert sorted(f"palmed-{s}-{b}" for r in ran for s, b in set(r)) == sorted(parts)
+    assert all(len(set(r)) == 1 for r in ran), ran
+    assert not list((tmp_path / "slurm-logs").glob("group_model*"))
     states = [line.split("|") for line in jobs.splitlines() if line.strip()]
     assert states and all(cpus == "1" and state == "COMPLETED" for _, cpus, state, _ in states)
     print(f"slurm pipeline: {len(states)} Slurm jobs, {seconds:.0f} s including daemon start")
