@@ -202,3 +202,27 @@ def test_interacting_pair_stays_out_of_the_model(tmp_path) -> None:
     kernels = [k for k in held_out(sim.forms, 500, seed=3) if not (x in k and y in k)]
     rms, tau = accuracy(model, sim, kernels)
     assert rms < 1e-3 and tau > 0.95
+
+
+def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
+    """Noisy builds end with one joint LP over all forms and kernels (``_polish``): two forms
+    that share one unit, each fitted onto a resource of its own by the per-form LPs, are
+    predicted too fast together; the joint refit puts them on the unit they share."""
+    rho = {"A": {0: 0.5}, "B": {1: 0.5}}
+    meas = {"A": 0.5, "B": 0.5, "A B": 1.0, "A*2 B": 1.5, "A B*2": 1.5,
+            "C": 0.25, "A C*2": 0.5, "B C*2": 0.5}
+    rho["C"] = {2: 0.25}
+    forms = ["A", "B", "C"]
+    singletons = {f: meas[f] for f in forms}
+    stats = palmed._LPStats()
+    out = palmed._polish(rho, 3, forms, singletons, meas, 0.05, set(), stats, lambda _: None)
+    assert stats.solves == 1
+    for text, m in meas.items():
+        assert palmed._predict(out, 3, parse_canonical(text)).max() == pytest.approx(m, rel=1e-6)
+    # held out: five instructions on the shared unit, C's own unit beside them
+    assert palmed._predict(out, 3, {"A": 3, "B": 2, "C": 4}).max() == pytest.approx(2.5)
+    # an interacting pair (slower together than in sequence) stays out of the refit
+    bad = {frozenset(("A", "B"))}
+    kept = palmed._polish(rho, 3, forms, singletons, {**meas, "A B": 3.0}, 0.05, bad,
+                          stats, lambda _: None)
+    assert palmed._predict(kept, 3, {"A": 1, "B": 1}).max() == pytest.approx(0.5)
