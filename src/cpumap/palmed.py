@@ -39,7 +39,9 @@ Stages (and why)
    every measured kernel (singletons, pairs, mixes); a kernel the model under-predicts reveals a
    resource that no basic kernel saturates (e.g. a port only some non-basic forms use): it
    becomes a new resource, all forms are measured against its saturating kernel (``|forms|``
-   x ``len(betas)`` kernels) and refitted. At most ``max_refine`` rounds.
+   x ``len(betas)`` kernels) and refitted. At most ``max_refine`` rounds. Noisy measurements
+   end with one joint LP over every form's uses and every measured kernel (``_polish``): the
+   per-form LPs see each other's errors only through fixed uses.
    Exact measurements (``tol < NOISY_TOL``): the per-form LPs run Gauss-Seidel (each sees the
    uses already refitted in the same pass), every mix stays designated to the resource its SK
    saturates, and each mix's increase ``M(SK^s + i^n) - M(SK^s)`` bounds ``n rho(i, r)`` from

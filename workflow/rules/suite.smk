@@ -67,6 +67,7 @@ rule suite_cycles:
         reps=config["suite"]["reps"],
         cpu=config["suite"]["cpu"],
         min_ticks=config["suite"]["min_sample_ticks"],
+        processes=config["suite"]["processes"],
     threads: 1
     resources:
         # whole-kernel cycles are a measurement: one at a time (profiles/default)

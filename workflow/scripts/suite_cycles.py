@@ -16,10 +16,12 @@ from cpumap.suite import cycles_record  # noqa: E402
 bench = snakemake.wildcards.bench
 rec = cycles_record(bench, snakemake.input.binary, snakemake.params.user,
                     dict(snakemake.params.n), int(snakemake.params.reps), snakemake.params.cpu,
-                    int(snakemake.params.min_ticks))
+                    int(snakemake.params.min_ticks), int(snakemake.params.processes))
 write_json_atomic(rec, snakemake.output.cycles)
 if rec["available"]:
-    print(f"{bench}: min {rec['cycles_min']:.0f} cycles over {rec['reps']} calls "
-          f"(clock {rec['clock']}, n {rec['n']})")
+    print(f"{bench}: min {rec['cycles_min']:.0f} cycles over {rec['reps']} calls in each of "
+          f"{rec['processes']} processes (process minima "
+          f"{', '.join(f'{c:.0f}' for c in rec['process_cycles_min'])}; clock {rec['clock']}, "
+          f"n {rec['n']})")
 else:
     print(f"{bench}: {rec['reason']}")
