@@ -56,15 +56,12 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-/* Core cycles per TSC tick, as the programs that convert ticks themselves need it: spin
- * `warmup_ns` so the core leaves its idle clock, then the fastest of `runs` chains of 2n
- * iterations minus the fastest of n (n/2n: the timer overhead cancels).  (Taking the minimum
- * of per-pair differences instead is biased: one slow n run shrinks its difference.) */
-static inline double calib_ratio(double warmup_ns, uint64_t iters, int runs)
+/* TSC ticks of `iters` x CALIB_UNROLL dependent adds: the fastest of `runs` chains of 2n
+ * iterations minus the fastest of n (n/2n: the timer overhead cancels; at least 1).  (Taking
+ * the minimum of per-pair differences instead is biased: one slow n run shrinks its
+ * difference.)  Integers only, so that callers may keep floating point out of the way. */
+static inline uint64_t calib_ticks(uint64_t iters, int runs)
 {
-    double t_end = now_ns() + warmup_ns;
-    while (now_ns() < t_end)
-        calib_once(iters);
     uint64_t best1 = UINT64_MAX, best2 = UINT64_MAX;
     for (int r = 0; r < runs; r++) {
         uint64_t t1 = calib_once(iters), t2 = calib_once(2 * iters);
@@ -73,7 +70,17 @@ static inline double calib_ratio(double warmup_ns, uint64_t iters, int runs)
         if (t2 < best2)
             best2 = t2;
     }
-    return (double)iters * CALIB_UNROLL / (double)(best2 > best1 ? best2 - best1 : 1);
+    return best2 > best1 ? best2 - best1 : 1;
+}
+
+/* Core cycles per TSC tick, as the programs that convert ticks themselves need it: spin
+ * `warmup_ns` so the core leaves its idle clock, then calib_ticks. */
+static inline double calib_ratio(double warmup_ns, uint64_t iters, int runs)
+{
+    double t_end = now_ns() + warmup_ns;
+    while (now_ns() < t_end)
+        calib_once(iters);
+    return (double)iters * CALIB_UNROLL / (double)calib_ticks(iters, runs);
 }
 
 static int papi_set = PAPI_NULL;

@@ -91,15 +91,7 @@ static void calibrate(const char *when, uint64_t adds)
 static void calibrate_kernel(uint64_t index)
 {
     /* n/2n difference, as for kernels: the timer and loop start-up costs cancel */
-    uint64_t best1 = UINT64_MAX, best2 = UINT64_MAX;
-    for (int r = 0; r < KCALIB_RUNS; r++) {
-        uint64_t t1 = calib_once(KCALIB_ITERS), t2 = calib_once(2 * KCALIB_ITERS);
-        if (t1 < best1)
-            best1 = t1;
-        if (t2 < best2)
-            best2 = t2;
-    }
-    uint64_t best = best2 > best1 ? best2 - best1 : 1;
+    uint64_t best = calib_ticks(KCALIB_ITERS, KCALIB_RUNS);
     /* integers only: a floating-point division here would leave the inexact flag set in
      * MXCSR right before the kernel; the supervisor computes adds / ticks */
     printf("kcalib\t%llu\t%llu\t%llu\n", (unsigned long long)index, (unsigned long long)best,
