@@ -97,6 +97,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Any
 
 import numpy as np
@@ -320,9 +321,14 @@ def interacting_pairs(singletons: Mapping[str, float], meas: Measurements, tol: 
     for i, a in enumerate(forms):
         for b in forms[i + 1:]:
             s = sharing(a, b, singletons, meas, max_mult)
-            if s is not None and s > 1 + INTERACT_TOLS * tol + 1e-6:
+            if s is not None and _interacts(s, tol):
                 out.add(frozenset((a, b)))
     return out
+
+
+def _interacts(s: float, tol: float) -> bool:
+    """A pair's sharing above what a resource model allows (1), beyond the noise."""
+    return s > 1 + INTERACT_TOLS * tol + 1e-6
 
 
 def _resource_like(k: Mapping[str, int], m: float, singletons: Mapping[str, float], tol: float,
@@ -334,15 +340,26 @@ def _resource_like(k: Mapping[str, int], m: float, singletons: Mapping[str, floa
     not define a resource and stay out of every LP: fitted, they spread their extra time over
     the uses of every form mixed with them.
     """
-    forms = sorted(k)
-    if bad:
-        for i, a in enumerate(forms):
-            for b in forms[i + 1:]:
-                if frozenset((a, b)) in bad:
-                    return False
-    if not all(f in singletons for f in forms):
+    if any(frozenset(p) in bad for p in combinations(sorted(k), 2)):
+        return False
+    if not all(f in singletons for f in k):
         return True
     return m <= (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items()) + 1e-12
+
+
+def _measured_like(meas: Measurements, text: str, k: Mapping[str, int],
+                   singletons: Mapping[str, float], tol: float,
+                   bad: set[frozenset[str]]) -> bool:
+    """Measured (not failed), and explainable by a resource model (``_resource_like``)."""
+    return _ok(meas, text) and _resource_like(k, meas[text], singletons, tol, bad)
+
+
+def _usable(k: Mapping[str, int], m: float, known: set[str], singletons: Mapping[str, float],
+            tol: float, bad: set[frozenset[str]]) -> bool:
+    """A measured kernel of known forms only that a resource model can explain: the kernels
+    the refinement checks, may take as new resources, and the joint refit fits."""
+    return set(k) <= known and math.isfinite(m) and m > 0 \
+        and _resource_like(k, m, singletons, tol, bad)
 
 
 # --------------------------------------------------------------------------- classes, basic
@@ -412,8 +429,8 @@ def select_basic(singletons: Mapping[str, float], meas: Measurements, *,
                  for a in reps}
     # forms that interact with another form (sharing above 1: see interacting_pairs) make
     # core kernels that no resource model explains: they come last
-    interacts = {a: any(s > 1 + INTERACT_TOLS * tol + 1e-6
-                        for (x, _), s in share.items() if x == a) for a in reps}
+    interacts = {a: any(_interacts(s, tol) for (x, _), s in share.items() if x == a)
+                 for a in reps}
     t_med = float(np.median([singletons[r] for r in reps]))
     order = sorted(reps, key=lambda r: (singletons[r] > 4 * t_med, interacts[r], conflicts[r],
                                         round(singletons[r], 9), r))
@@ -692,9 +709,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
     bad = interacting_pairs({b: singletons[b] for b in bas}, meas, cfg.tol, cfg.max_mult)
 
     def sane(k: Kernel) -> bool:
-        # measured, and explainable by a resource model (no interaction, not super-additive)
-        text = _text(k)
-        return _ok(meas, text) and _resource_like(k, meas[text], singletons, cfg.tol, bad)
+        return _measured_like(meas, _text(k), k, singletons, cfg.tol, bad)
 
     while True:
         # kernels of every resource found so far must be measured before fitting
@@ -872,9 +887,7 @@ def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mappi
             # with equality while r stays the bottleneck: the use is at most the smallest
             # increase (a balanced mix can move the bottleneck to a resource not found yet,
             # whose larger increase must not become a use of r)
-            n_add = cnt - _count(row.base_text, form)
-            inc = row.cycles - meas[row.base_text] + 2 * tol * row.cycles
-            ub[row.saturated] = min(ub[row.saturated], max(inc, 0.0) / n_add)
+            ub[row.saturated] = min(ub[row.saturated], _increase(row, form, meas, tol))
         if row.designated is None:
             continue
         a = np.zeros(nv)
@@ -914,15 +927,19 @@ def _increase_bound(form: str, rows: Sequence[_Row], meas: Measurements, r: int,
     ``2 tol`` of the mix's time is added): the smallest increase over the proportions bounds
     the use from above. Infinite when no mix saturates r.
     """
-    best = math.inf
-    for row in rows:
-        if row.saturated != r or row.base_text is None:
-            continue
-        n_add = row.kernel[form] - _count(row.base_text, form)
-        if n_add > 0:
-            inc = row.cycles - meas[row.base_text] + 2 * tol * row.cycles
-            best = min(best, max(inc, 0.0) / n_add)
-    return best
+    return min((_increase(row, form, meas, tol) for row in rows
+                if row.saturated == r and row.base_text is not None), default=math.inf)
+
+
+def _increase(row: _Row, form: str, meas: Measurements, tol: float) -> float:
+    """A mix's increase over its saturating kernel per added instance of the form, plus
+    ``2 tol`` of the mix's time (noise): ``(M(SK^s + form^n) - M(SK^s)) / n``, at least 0;
+    infinite when the mix adds no instance."""
+    assert row.base_text is not None
+    n_add = row.kernel[form] - _count(row.base_text, form)
+    if n_add <= 0:
+        return math.inf
+    return max(row.cycles - meas[row.base_text] + 2 * tol * row.cycles, 0.0) / n_add
 
 
 def _ok(meas: Measurements, text: str) -> bool:
@@ -946,7 +963,7 @@ def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
     fixed: list[int | None] = [None]
 
     def sane(k: Mapping[str, int], text: str) -> bool:
-        return _ok(meas, text) and _resource_like(k, meas[text], singletons, cfg.tol, bad)
+        return _measured_like(meas, text, k, singletons, cfg.tol, bad)
 
     for text in pair_index.get(form, []):
         k = parse_canonical(text)
@@ -1057,12 +1074,9 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     known = set(forms)
     rows: list[tuple[Kernel, float, int]] = []
     for text, m in sorted(meas.items()):
-        if not (math.isfinite(m) and m > 0):
-            continue
         k = parse_canonical(text)
-        if not set(k) <= known or not _resource_like(k, m, singletons, tol, bad):
-            continue
-        rows.append((k, m, int(np.argmax(_predict(rho, n_res, k)))))
+        if _usable(k, m, known, singletons, tol, bad):
+            rows.append((k, m, int(np.argmax(_predict(rho, n_res, k)))))
     if not rows or not n_res:
         return {f: dict(v) for f, v in rho.items()}
     fidx = {f: i for i, f in enumerate(forms)}
@@ -1097,13 +1111,14 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
             b_ub.append(m * (1 + tol))
     a_eq = coo_matrix((eq_v, (eq_r, eq_c)), shape=(nk, nv)).tocsr()
     a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(len(b_ub), nv)).tocsr()
-    before = _misfit(rho, n_res, [(k, m) for k, m, _ in rows])
+    fitted = [(k, m) for k, m, _ in rows]
+    before = _misfit(rho, n_res, fitted)
     x = _solve(c, a_ub, np.array(b_ub), a_eq, np.array([m for _, m, _ in rows]),
                np.full(nv, np.inf), stats)
     out = {f: {r: float(x[fidx[f] * n_res + r]) for r in range(n_res)
                if x[fidx[f] * n_res + r] > tol * singletons[f]} for f in forms}
     log(f"polish: joint refit over {nk} kernels, RMS relative misfit {before:.2%} -> "
-        f"{_misfit(out, n_res, [(k, m) for k, m, _ in rows]):.2%}")
+        f"{_misfit(out, n_res, fitted):.2%}")
     return out
 
 
@@ -1155,8 +1170,7 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     if noisy:
         for text, m in sorted(meas.items()):
             k = parse_canonical(text)
-            if not (math.isfinite(m) and set(k) <= known) or len(k) > 2 \
-                    or not _resource_like(k, m, singletons, cfg.tol, bad):
+            if len(k) > 2 or not _usable(k, m, known, singletons, cfg.tol, bad):
                 continue
             if len(k) == 1 and k == {next(iter(k)): 1}:
                 checks.append((k, m))
@@ -1196,8 +1210,7 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         pool = ((_text(k), m) for k, m in checks) if noisy else meas.items()
         for text, m in pool:
             k = parse_canonical(text)
-            if not set(k) <= known or not (math.isfinite(m) and m > 0) \
-                    or not _resource_like(k, m, singletons, cfg.tol, bad):
+            if not _usable(k, m, known, singletons, cfg.tol, bad):
                 continue
             pred = float(_predict(rho, n_res, k).max()) if n_res else 0.0
             gap = (m - pred) / m

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
+from itertools import combinations
 
 import numpy as np
 import pandas as pd
@@ -50,8 +51,7 @@ def interacting(model: resmodel.ResourceModel, kernel: Mapping[str, int]) -> boo
     """Whether the kernel holds a pair of forms the model's build found interacting (slower
     together than in sequence: outside what a resource model predicts)."""
     pairs = {frozenset(p) for p in model.provenance.get("interacting", [])}
-    forms = sorted(kernel)
-    return any(frozenset((a, b)) in pairs for i, a in enumerate(forms) for b in forms[i + 1:])
+    return any(frozenset(p) in pairs for p in combinations(sorted(kernel), 2))
 
 
 def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
