@@ -6,7 +6,7 @@ import dataclasses
 import json
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,8 +64,18 @@ def select_forms(forms: pd.DataFrame, selection: Mapping, base: Path | None = No
 
 def plan_singletons(forms: pd.DataFrame, selection: Mapping, batch_size: int,
                     base: Path | None = None) -> list[list[str]]:
-    names = select_forms(forms, selection, base)
-    return [names[i:i + batch_size] for i in range(0, len(names), batch_size)]
+    return batched(select_forms(forms, selection, base), batch_size)
+
+
+def batched(kernels: Sequence[str], size: int) -> list[list[str]]:
+    """The batches of a measuring plan (``{"batches": [[kernel, ...], ...]}``), in order."""
+    return [list(kernels[i:i + size]) for i in range(0, len(kernels), max(1, size))]
+
+
+def read_plan(path: str | Path) -> list[list[str]]:
+    """The batches of a plan written by plan_singletons or a Palmed checkpoint."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)["batches"]
 
 
 def _specs(forms: pd.DataFrame, names) -> dict[str, FormSpec]:

@@ -146,10 +146,6 @@ def model_forms(measurer: Measurer, planned: Sequence[str], model_cfg: Mapping[s
     return kept, not_modelled | left
 
 
-def _batches(kernels: Sequence[str], size: int) -> list[list[str]]:
-    return [list(kernels[i:i + size]) for i in range(0, len(kernels), max(1, size))]
-
-
 class StageJob:
     """One pipeline job of Palmed (see ``cpumap.palmed_build``): the Build state in and out,
     kernels measured through the Measurer (every measurement stored as it is made)."""
@@ -177,7 +173,7 @@ class StageJob:
 
     def plan(self, kernels: Sequence[str], batch_size: int, path: Path) -> None:
         """A plan of measuring batches, as the singleton plan (``palmed_measure`` jobs)."""
-        io.write_json_atomic({"stage": self.stage, "batches": _batches(sorted(kernels),
+        io.write_json_atomic({"stage": self.stage, "batches": campaign.batched(sorted(kernels),
                                                                        batch_size)}, path)
         self.log(f"{self.stage}: {len(kernels)} kernels planned in batches of {batch_size}")
 

@@ -2,7 +2,6 @@
 # input functions. Kept free of side effects other than reading the config and
 # the CPU identity, so that `snakemake -n` and `--lint` work before anything ran.
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 
 from cpumap import db as cpumap_db  # noqa: E402
+from cpumap.campaign import read_plan  # noqa: E402
 from cpumap import machine as cpumap_machine  # noqa: E402
 
 
@@ -167,9 +167,7 @@ def quick_list_input(wildcards):
 
 def plan_batch_ids(plan_path):
     """Batch ids of a plan.json: position plus a hash of the batch's kernels."""
-    with open(plan_path, encoding="utf-8") as handle:
-        batches = json.load(handle)["batches"]
-    return [cpumap_db.batch_key(i, kernels) for i, kernels in enumerate(batches)]
+    return [cpumap_db.batch_key(i, kernels) for i, kernels in enumerate(read_plan(plan_path))]
 
 
 def singleton_parts(wildcards):

@@ -15,11 +15,11 @@ redirect_output(snakemake.log[0])
 from cpumap import db  # noqa: E402
 from cpumap.asmgen import canonical, kernel_id, parse_canonical  # noqa: E402
 from cpumap.backend import batch_rows, measurement_key  # noqa: E402
+from cpumap.campaign import read_plan  # noqa: E402
 from cpumap.io import read_parquet_checked  # noqa: E402
 from cpumap.simulate import SimulatedMachine  # noqa: E402
 
-with open(snakemake.input.plan, encoding="utf-8") as handle:
-    batches = json.load(handle)["batches"]
+batches = read_plan(snakemake.input.plan)
 by_key = {db.batch_key(i, kernels): kernels for i, kernels in enumerate(batches)}
 kernels = by_key[snakemake.wildcards.batch]
 with open(snakemake.input.machine, encoding="utf-8") as handle:

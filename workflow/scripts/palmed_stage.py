@@ -1,7 +1,6 @@
 """Rules palmed_pairs, palmed_basic, palmed_core, palmed_mapping and fit_model: one Palmed
 stage each (cpumap.modelling's *_job functions), chosen by params.stage."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ redirect_output(snakemake.log[0])
 from model_common import measurer_and_config  # noqa: E402
 
 from cpumap import modelling  # noqa: E402
+from cpumap.campaign import read_plan  # noqa: E402
 
 measurer, cfg, machine = measurer_and_config(snakemake)
 stage = snakemake.params.stage
@@ -23,8 +23,7 @@ job = modelling.StageJob(measurer, cfg, stage, lambda message: print(message, fl
 out, inp = snakemake.output, snakemake.input
 batch_size = int(snakemake.params.model["batch_size"])
 if stage == "pairs":
-    with open(inp.plan, encoding="utf-8") as handle:
-        planned = [k for batch in json.load(handle)["batches"] for k in batch]
+    planned = [k for batch in read_plan(inp.plan) for k in batch]
     forms, left_out = modelling.model_forms(measurer, planned, snakemake.params.model,
                                             list(inp.suite_forms))
     for name, reason in sorted(left_out.items()):

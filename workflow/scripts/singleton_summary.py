@@ -1,6 +1,5 @@
 """Rule singleton_summary: outcome counts and the per-form singleton table."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -13,12 +12,11 @@ redirect_output(snakemake.log[0])
 
 from cpumap import db  # noqa: E402
 from cpumap.backend import measurement_key  # noqa: E402
-from cpumap.campaign import singleton_summary  # noqa: E402
+from cpumap.campaign import read_plan, singleton_summary  # noqa: E402
 from cpumap.io import read_parquet_checked, write_tsv_atomic  # noqa: E402
 
 forms = read_parquet_checked(snakemake.input.forms)
-with open(snakemake.input.plan, encoding="utf-8") as handle:
-    kernels = {k for batch in json.load(handle)["batches"] for k in batch}
+kernels = {k for batch in read_plan(snakemake.input.plan) for k in batch}
 # All rows of this machine, parameters and harness for the plan's kernels: the plan's own
 # parts plus earlier parts that already held some of its kernels (those were not remeasured).
 db_dir = Path(snakemake.input.parts[0]).parent if snakemake.input.parts else None
