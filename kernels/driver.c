@@ -17,7 +17,7 @@
  * --min-ticks T (warm runs only): the TSC of a KVM guest advances in steps (26 ticks = ~37
  * core cycles on the reference machine), too coarse for a kernel call of a few hundred cycles.
  * With T > 0, R (a power of two) is doubled until R back-to-back calls last at least T
- * ticks, and every repetition then times R calls; "inner" is R and
+ * ticks (the faster of two runs of R), and every repetition then times R calls; "inner" is R and
  * "cycles" are per call (ticks / R x ratio).  The default T = 0 keeps R = 1 and the exact
  * number of calls (Cachegrind and Callgrind runs difference call counts).
  *
@@ -137,12 +137,20 @@ int main(int argc, char **argv)
     double ratio = papi ? 0.0 : calibrate();
     if (min_ticks > 0 && !cold) {
         /* double R until R untimed-for-the-record calls last min_ticks (the first call, with
-         * its page faults and cold caches, would underestimate R if timed alone) */
+         * its page faults and cold caches, would underestimate R if timed alone); each R is
+         * run twice and the faster run counts: one interrupted run stopped the doubling early,
+         * and the repetitions then lasted less than half of min_ticks (seen in CI) */
         for (inner = 1; inner < (1L << 24); inner *= 2) {
-            uint64_t t0 = tsc_begin();
-            for (long k = 0; k < inner; k++)
-                KERNEL_DESC.run();
-            if (tsc_end() - t0 >= (uint64_t)min_ticks)
+            uint64_t best = UINT64_MAX;
+            for (int trial = 0; trial < 2; trial++) {
+                uint64_t t0 = tsc_begin();
+                for (long k = 0; k < inner; k++)
+                    KERNEL_DESC.run();
+                uint64_t t = tsc_end() - t0;
+                if (t < best)
+                    best = t;
+            }
+            if (best >= (uint64_t)min_ticks)
                 break;
         }
     }
