@@ -55,9 +55,10 @@ def test_driver_contract_and_identical_checksums(built):
 
 def test_min_ticks_times_back_to_back_calls_and_reports_per_call(built):
     """A warm repetition of a short kernel times R calls (>= min_ticks ticks); cycles are per
-    call, so they agree with timing single calls, minus the TSC's coarse steps."""
-    one = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=0)
-    many = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=50_000)
+    call, so they agree with timing single calls, minus the TSC's coarse steps. Each is the
+    fastest of 3 processes: a whole process can run slow on this host (seen: 1.7x)."""
+    one = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=0, processes=3)
+    many = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=50_000, processes=3)
     assert one["inner"] == 1 and many["inner"] > 1
     assert min(many["ticks"]) >= 50_000 * 0.5  # a repetition lasts about min_ticks or more
     per_call_ticks = min(many["ticks"]) / many["inner"]

@@ -166,24 +166,40 @@ def parse_driver_output(stdout: str) -> dict[str, Any]:
 
 def measure_kernel(binary: Path | str, n: int | None = None, reps: int = 10, cold: bool = False,
                    cpu: int | None = None, timeout: float = 120.0,
-                   min_ticks: int = MIN_SAMPLE_TICKS) -> dict[str, Any]:
-    """Run a suite binary's driver once (K repetitions inside) and return its JSON + cycles_min.
+                   min_ticks: int = MIN_SAMPLE_TICKS, processes: int = 1) -> dict[str, Any]:
+    """Run a suite binary's driver (K repetitions inside, in each of ``processes`` processes)
+    and return the fastest process's JSON + cycles_min (see ``run_driver``).
 
     Warm runs time back-to-back calls for at least ``min_ticks`` per repetition (cycles are
     still per call); cold runs time every call alone, after the eviction."""
-    return run_driver(binary, driver_args(n, reps, cold, cpu, min_ticks), timeout)
+    return run_driver(binary, driver_args(n, reps, cold, cpu, min_ticks), timeout, processes)
 
 
-def run_driver(binary: Path | str, args: list[str], timeout: float) -> dict[str, Any]:
-    """Run a driver binary with ``args`` (no shell) and return its checked JSON line."""
+def run_driver(binary: Path | str, args: list[str], timeout: float,
+               processes: int = 1) -> dict[str, Any]:
+    """Run a driver binary with ``args`` (no shell) ``processes`` times; return the checked
+    JSON line of the process with the fastest repetition, with ``processes`` and every
+    process's minimum (``process_cycles_min``) added.
+
+    Why several processes: on a shared host a whole process can run slow (here about one in
+    ten on the second vCPU ran AVX-512 daxpy 6-7x slower from start to end, and triad -O2
+    1.7x), which no repetition inside it recovers; interference only ever slows a kernel
+    down, so the fastest process is the kernel's.
+    """
     cmd = [str(binary), *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise SuiteError(f"{binary} ran past {timeout} s") from exc
-    if proc.returncode != 0:
-        raise SuiteError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return parse_driver_output(proc.stdout)
+    runs = []
+    for _ in range(max(1, int(processes))):
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise SuiteError(f"{binary} ran past {timeout} s") from exc
+        if proc.returncode != 0:
+            raise SuiteError(f"{' '.join(cmd)} failed ({proc.returncode}): "
+                             f"{proc.stderr.strip()}")
+        runs.append(parse_driver_output(proc.stdout))
+    out = min(runs, key=lambda r: r["cycles_min"])
+    return {**out, "processes": len(runs),
+            "process_cycles_min": [r["cycles_min"] for r in runs]}
 
 
 def benchmark_function(benchmark: str, user: dict | None = None) -> str:
@@ -212,13 +228,9 @@ def cycles_record(benchmark: str, binary: Path | str, user: dict | None = None,
                   n_map: dict | None = None, reps: int = 10,
                   cpu: int | None = None, min_ticks: int = MIN_SAMPLE_TICKS,
                   processes: int = 1) -> dict[str, Any]:
-    """Whole-kernel cycles of a benchmark (evaluate/cycles/<benchmark>.json).
+    """Whole-kernel cycles of a benchmark (evaluate/cycles/<benchmark>.json): the fastest of
+    ``processes`` driver processes (``run_driver``).
 
-    The driver runs ``processes`` times; the record is the process with the fastest
-    repetition, with every process's minimum in ``process_cycles_min``. Why several processes:
-    on a shared host a whole process can run slow (here about one in ten on the second vCPU ran
-    AVX-512 daxpy 6-7x slower from start to end), which no repetition inside it recovers;
-    interference only ever slows a kernel down, so the fastest process is the kernel's.
     ``available`` is false, with the reason, for a user binary without the driver: it has no
     measurement points around the function.
     """
@@ -227,8 +239,5 @@ def cycles_record(benchmark: str, binary: Path | str, user: dict | None = None,
                 "reason": "user binary without kernels/driver.c: no measurement points "
                           "around the function, cycles not measured"}
     args = benchmark_args(benchmark, user, n_map, reps, cpu, min_ticks)
-    runs = [run_driver(binary, args, timeout=600) for _ in range(max(1, int(processes)))]
-    out = min(runs, key=lambda r: r["cycles_min"])
     return {"benchmark": benchmark, "available": True, "binary": str(binary), "args": args,
-            **out, "processes": len(runs),
-            "process_cycles_min": [r["cycles_min"] for r in runs]}
+            **run_driver(binary, args, 600, processes)}
