@@ -79,10 +79,16 @@ def test_measure_is_cached_then_forced(results):
     assert not forced["cached"]
 
 
-def test_bad_option_exit_2(results):
+@pytest.mark.parametrize("args,option", [
+    (["measure", "--repeat", "0", "ADD_R64_R64"], "--repeat"),
+    (["roofline", "--no-sweep", "--processes", "0"], "--processes"),
+    (["roofline", "--no-sweep", "--reps", "0"], "--reps"),
+])
+def test_bad_option_exit_2(results, args, option, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.main(["--results", str(results), "measure", "--repeat", "0", "ADD_R64_R64"])
+        cli.main(["--results", str(results), *args])
     assert exc.value.code == 2
+    assert f"{option} must be at least 1" in capsys.readouterr().err
 
 
 def test_predict_with_a_model(results, tmp_path):

@@ -311,6 +311,19 @@ def test_daxpy_point_counts_agree(tmp_path, host):
     assert mem / (24 * (1 << 22)) == pytest.approx(1.0, rel=0.01)
 
 
+def test_measure_point_keeps_the_fastest_process(tmp_path, host):
+    """A daxpy point end to end: exact work, and the fastest of 2 driver processes kept."""
+    binary = suite.build_benchmark("daxpy", "O2", tmp_path / "daxpy.O2")
+    df = points.measure_points({"daxpy.O2": binary}, {"daxpy": [1000]}, ["warm"], host,
+                               reps=3, processes=2)
+    (rec,) = points.from_frame(df).to_dict("records")
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["flops"] == 2000 and rec["count_source"] == "callgrind"
+    assert rec["processes"] == 2 and len(rec["process_cycles_min"]) == 2
+    assert min(rec["cycles"]) == min(rec["process_cycles_min"]) and len(rec["cycles"]) == 3
+    assert rec["perf_q"]["max"] == pytest.approx(2000 / min(rec["cycles"]))
+
+
 # ----------------------------------------------------------------------------- plots
 
 

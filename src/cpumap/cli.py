@@ -263,8 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "repeat", 1) < 1:
-        parser.error("--repeat must be at least 1")
+    for option in ("repeat", "reps", "processes"):
+        if getattr(args, option, 1) < 1:
+            parser.error(f"--{option} must be at least 1")
     ctx = Context(Path(args.results))
     try:
         return args.fn(args, ctx)

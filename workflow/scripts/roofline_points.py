@@ -23,6 +23,7 @@ df = measure_points(benchmarks, pts["sizes"], pts["states"], machine, reps=int(p
                     cpu=pts["cpu"], count_timeout=float(pts["count_timeout_s"]),
                     sim_timeout=float(pts["sim_timeout_s"]),
                     gdb_max_footprint=int(pts["gdb_max_footprint"]),
+                    processes=int(pts["processes"]),
                     progress=lambda message: print(message, flush=True))
 write_parquet_atomic(df, snakemake.output.points)
 print(f"{len(df)} points, {int((df.status == 'ok').sum())} ok")

@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="", help="problem sizes n for every --points kernel")
     p.add_argument("--states", default="warm,cold")
     p.add_argument("--reps", type=int, default=10, help="repetitions K of each point")
+    p.add_argument("--processes", type=int, default=3,
+                   help="driver processes per point, the fastest kept (a whole process can "
+                        "run slow on a shared host)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(fn=run)
     return p
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace, ctx) -> int:
 
             raise UsageError("--points needs --sizes")
         df = points.measure_points(benches, size_map, args.states.split(","), machine,
-                                   reps=args.reps, progress=_log)
+                                   reps=args.reps, progress=_log, processes=args.processes)
         io.write_parquet_atomic(df, out / "points.parquet")
         pts = points.from_frame(df)
     plots.all_plots(ceil, pts, out / "plots")
