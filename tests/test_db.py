@@ -51,8 +51,9 @@ def make_rows(
                     "error": "" if status == "ok" else "SIGILL",
                     "clock": "tsc-calibrated",
                     "insn_source": "derived",
-                    "ticks1": 1000 + rep,
-                    "ticks2": 1000 + rep + int(cycles / 1.7),
+                    # f1 runs `instances` instances plus the call overhead, f2 twice as many
+                    "ticks1": int((cycles + 1000 + rep) / 1.7),
+                    "ticks2": int((cycles + 1000 + rep) / 1.7) + int(cycles / 1.7),
                     "cycles1": -1,
                     "cycles2": -1,
                     "calib_ratio": 1.7,
@@ -168,8 +169,9 @@ def test_aggregate() -> None:
     assert row["n_insns"] == 3
     assert row["reps"] == 4
     assert row["cycles_per_instance_median"] == pytest.approx(0.95)
-    # fastest f2 minus fastest f1 (ticks1 = 1000 + rep, rep 1 has the fastest f2)
+    # fastest f2 minus fastest f1 (rep 1 has the fastest f1 and f2)
     assert row["cycles_per_instance_min"] == pytest.approx(0.8, abs=1e-4)
+    assert row["loops_disagree"] == 0.0 and row["nonlinearity"] == pytest.approx(0, abs=0.01)
     assert row["ipc"] == pytest.approx(3 / 0.95)
     assert row["clock"] == "tsc-calibrated"
     assert db.aggregate(rows[rows.status == "failed"]).empty
@@ -218,3 +220,23 @@ def test_aggregate_min_is_robust_to_an_interrupted_f1() -> None:
     row = db.aggregate(rows).iloc[0]
     assert rows["cycles_per_instance"].min() < 0.6
     assert row["cycles_per_instance_min"] == pytest.approx(1.0, abs=1e-4)
+    # and that repetition's own value is its f2 loop's speed, 1.0 too (its loops disagree)
+    assert row["cycles_per_instance_median"] == pytest.approx(1.0, abs=1e-4)
+    assert row["loops_disagree"] == pytest.approx(1 / 3)
+
+
+def test_loops_at_two_speeds_give_the_faster_loop() -> None:
+    """Measured on Zen 4 (ADD m64,r64 x 4 + 10 vector ALU ops): the U-copy loop at 4.0 cycles
+    per instance, the 2U-copy loop at 5.4, so f2 - f1 = 6.8, the speed of neither loop."""
+    rows = make_rows("b0", {"A": [4.0, 4.0, 4.0]})
+    inst = rows["instances"]
+    rows["ticks1"] = (4.0 * inst / 1.7).astype("int64")
+    rows["ticks2"] = (5.4 * 2 * inst / 1.7).astype("int64")
+    rows["cycles_per_instance"] = (rows.ticks2 - rows.ticks1) * 1.7 / inst
+    row = db.aggregate(rows).iloc[0]
+    assert row["cycles_per_instance_median"] == pytest.approx(4.0, abs=1e-4)
+    assert row["cycles_per_instance_min"] == pytest.approx(4.0, abs=1e-4)
+    assert row["loops_disagree"] == 1.0
+    assert row["nonlinearity"] == pytest.approx(6.8 / 5.4 - 1, abs=1e-4)
+    # within LOOPS_AGREE the difference stands (it cancels the call overhead)
+    assert db.per_instance(pd.Series([1.0]), pd.Series([1.015]), pd.Series([1.0])).item() == 1.0

@@ -56,8 +56,11 @@ def test_build_reuses_binary_and_version_is_a_hash(build, tmp_path):
 
 
 def test_add_chain_runs_at_one_cycle_per_add(build):
-    res = harness.run_batch(build["addchain"], 2, reps=9, warmup=2, cpu=None, timeout_s=5,
-                            harness_bin=build["bin"])
+    # The fastest of 3 harness processes: on this shared host a whole process sometimes runs
+    # slow (suite.run_driver), and the typical-repetition check below would see it.
+    runs = [harness.run_batch(build["addchain"], 2, reps=9, warmup=2, cpu=None, timeout_s=5,
+                              harness_bin=build["bin"]) for _ in range(3)]
+    res = min(runs, key=lambda r: sorted(r.cycles(row) for row in r.rows if row["index"] == 0)[4])
     _check_clock(res)
     assert res.failures == {} and res.restarts == 0
     by = _rows_by_kernel(res)
