@@ -6,8 +6,8 @@ the project's own Pipedream generator and harness (cpumap.campaign.measure_batch
 ceiling is a measurement like any other and its raw rows go to the database.  Flops per
 kernel instance come from the forms (cpumap.roofline.flops, the function the kernel points
 use), and flops per cycle = flops per instance / cycles per instance (the fastest long call
-minus the fastest short call, i.e. min-of-K, unless it undercuts the median by more than 5 %,
-then the median; both are kept).
+minus the fastest short call, i.e. min-of-K, or the faster call's own speed where the two
+ran at different speeds, see db.per_instance; the median is kept beside it).
 
 All cores: the same batch runs at the same time on every CPU, one pinned harness each, and
 the per-core rates are summed.  Rows of such a run carry ``{"roofline": {"cpu": c,
@@ -54,8 +54,6 @@ _MIXES: dict[str, dict[str, int]] = {
     "add+mul": {"add": 1, "mul": 1}, "fma+add": {"fma": 1, "add": 1},
 }
 ISA_LEVELS = ("scalar", "sse", "avx2", "avx512")
-#: largest relative amount by which the best-of-K cycles may undercut the median (see summarize)
-MIN_AGREEMENT = 0.05
 PRECISIONS = ("dp", "sp")
 
 
@@ -172,18 +170,17 @@ def summarize(rows: pd.DataFrame, plan: list[dict], specs: Mapping[str, FormSpec
             agg = db.aggregate(grp).iloc[0]
             cyc_min = float(agg["cycles_per_instance_min"])
             cyc_med = float(agg["cycles_per_instance_median"])
-            # The best-of-K value is the fastest long call minus the fastest short call: when
-            # every short call of a run was slowed down (seen here on a loaded host, all-cores
-            # run: 0.24 against a median of 0.52 cycles) it comes out too small. A best value
-            # more than MIN_AGREEMENT below the median is rejected for the median.
-            min_rejected = cyc_min < (1 - MIN_AGREEMENT) * cyc_med
-            cyc_best = cyc_med if min_rejected else cyc_min
+            # The best-of-K value: the fastest long call minus the fastest short call, or the
+            # faster call's own speed where the two ran at different speeds (db.per_instance:
+            # when every short call of a run was slowed down, seen here on a loaded host in an
+            # all-cores run, the difference alone gave 0.24 cycles against a median of 0.52).
+            cyc_best = cyc_min
             cpu = int(run.get("cpu", -1))
             ratio = float(grp["calib_ratio"].median()) if grp["calib_ratio"].notna().any() \
                 else float("nan")
             per_run[(int(run.get("concurrent", 1)), cpu)] = {
                 "cpu": cpu, "cycles_per_instance_min": cyc_min,
-                "cycles_per_instance_median": cyc_med, "min_rejected": bool(min_rejected),
+                "cycles_per_instance_median": cyc_med,
                 "flops_per_cycle": fpi / cyc_best, "flops_per_cycle_median": fpi / cyc_med,
                 "calib_ratio": ratio, "reps": int(agg["reps"]),
                 "core_ghz": ratio * tsc_ghz if tsc_ghz else None,
