@@ -168,23 +168,22 @@ def summarize(rows: pd.DataFrame, plan: list[dict], specs: Mapping[str, FormSpec
         for params, grp in sel.groupby("params"):
             run = json.loads(params).get("roofline", {})
             agg = db.aggregate(grp).iloc[0]
-            cyc_min = float(agg["cycles_per_instance_min"])
-            cyc_med = float(agg["cycles_per_instance_median"])
             # The best-of-K value: the fastest long call minus the fastest short call, or the
             # faster call's own speed where the two ran at different speeds (db.per_instance:
             # when every short call of a run was slowed down, seen here on a loaded host in an
             # all-cores run, the difference alone gave 0.24 cycles against a median of 0.52).
-            cyc_best = cyc_min
+            cyc_min = float(agg["cycles_per_instance_min"])
+            cyc_med = float(agg["cycles_per_instance_median"])
             cpu = int(run.get("cpu", -1))
             ratio = float(grp["calib_ratio"].median()) if grp["calib_ratio"].notna().any() \
                 else float("nan")
             per_run[(int(run.get("concurrent", 1)), cpu)] = {
                 "cpu": cpu, "cycles_per_instance_min": cyc_min,
                 "cycles_per_instance_median": cyc_med,
-                "flops_per_cycle": fpi / cyc_best, "flops_per_cycle_median": fpi / cyc_med,
+                "flops_per_cycle": fpi / cyc_min, "flops_per_cycle_median": fpi / cyc_med,
                 "calib_ratio": ratio, "reps": int(agg["reps"]),
                 "core_ghz": ratio * tsc_ghz if tsc_ghz else None,
-                "gflops": fpi / cyc_best * ratio * tsc_ghz if tsc_ghz else None,
+                "gflops": fpi / cyc_min * ratio * tsc_ghz if tsc_ghz else None,
             }
         if not per_run:
             rec |= {"status": "failed", "reason": "no ok repetition"}
