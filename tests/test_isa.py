@@ -58,12 +58,24 @@ def test_round_trip_sample(catalogue_df, catalogue):
         assert x86.form_key(dec) == (spec.code, spec.mem)
 
 
-def test_resolve_att_and_names(catalogue):
+def test_resolve_att_and_names(catalogue, host):
     assert catalogue.resolve("addq %rax, %rbx") == "ADD_R64_R64"
     assert catalogue.resolve("add_r64_r64") == "ADD_R64_R64"
     assert catalogue.resolve("vaddpd %ymm0, %ymm1, %ymm2") == "VADDPD_YMM_YMM_YMM"
-    assert catalogue.resolve("{evex} vaddpd %ymm0, %ymm1, %ymm2") == "VADDPD_YMM_YMM_YMM_EVEX"
+    assert catalogue.resolve("{vex} vaddpd %ymm0, %ymm1, %ymm2") == "VADDPD_YMM_YMM_YMM"
     assert catalogue.resolve("movq 8(%rsi), %rax") == "MOV_R64_M64"
+
+
+def test_resolve_evex_pseudo_prefix(catalogue, host):
+    """{evex} picks the EVEX form of an instruction; on a host without AVX512VL (Zen 3) the
+    same text must still be recognised as that form, and refused with the reason."""
+    text = "{evex} vaddpd %ymm0, %ymm1, %ymm2"
+    if "avx512vl" in isa.host_flags(host):
+        assert catalogue.resolve(text) == "VADDPD_YMM_YMM_YMM_EVEX"
+    else:
+        with pytest.raises(isa.UnknownInstruction,
+                           match=r"form VADDPD_YMM_YMM_YMM_EVEX, excluded here: .*AVX512"):
+            catalogue.resolve(text)
 
 
 @pytest.mark.parametrize("text", ["frobnicate %rax", "jmp *%rax", ".byte 0x90",
