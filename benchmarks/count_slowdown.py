@@ -4,9 +4,9 @@ reduction, on the real-kernel suite.
 
 For each benchmark (built into a temporary directory, default sizes) and each mode -- a
 breakpoint on every block ("all"), flow conservation only ("flow"), flow conservation plus
-trip-count loops ("flow+trip", the default of cpumap.counting) -- this prints the breakpoint
-hits, hits per second in the counted region, and the whole run under gdb against a plain run
-of the same command (the fastest of --plain-runs runs); totals compare the counted regions
+trip-count loops ("flow+trip", the default of cpumap.evaluate.counting) -- this prints the
+breakpoint hits, hits per second in the counted region, and the whole run under gdb against a
+plain run of the same command (the fastest of --plain-runs runs); totals compare the counted regions
 with the plain kernel time (driver ticks / TSC frequency).  It checks every mode gives the
 same counts.  Then it counts the whole set again with --processes gdb processes at a time
 and prints the wall time against the sequential sum.
@@ -26,7 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cpumap import blocks, counting, machine, suite  # noqa: E402
+from cpumap.evaluate import (
+    blocks,  # noqa: E402
+    counting,
+    suite,
+)
+from cpumap.host import machine
 
 
 def main() -> int:

@@ -44,7 +44,7 @@ def main() -> int:
     args = ap.parse_args()
     results = args.keep or Path(tempfile.mkdtemp(prefix="cpumap-full-"))
     try:
-        mid = subprocess.run([sys.executable, "-m", "cpumap.machine", "--id"], cwd=ROOT,
+        mid = subprocess.run([sys.executable, "-m", "cpumap.host.machine", "--id"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.strip()
         forms = results / mid / "isa" / "forms.parquet"
         t_cat = snakemake(results, args.cores, "--until", "catalogue")

@@ -1,6 +1,6 @@
 """gdb batch script: exact block occurrences for ONE invocation of a function.
 
-Run by cpumap.counting as
+Run by cpumap.evaluate.counting as
 
     gdb -batch -nx -x harness/gdb_count.py BINARY
 
@@ -11,14 +11,14 @@ with the environment variable CPUMAP_GDB_SPEC naming a JSON file:
      "loops": [{"block", "pred_last", "exit": int (ELF addresses), "reg": str, "step": int,
                 "width": 32|64}, ...]}
 
-Loops (cpumap.counting.TripLoop): the register is read at the last instruction of the loop's
+Loops (cpumap.evaluate.counting.TripLoop): the register is read at the last instruction of the loop's
 predecessor and again at its exit block; (difference / step) is the number of executions of
 the loop block for that entry, summed into ``loop_counts``.
 
 Program arguments: gdb 13 without a startup shell splits its argument string at whitespace
 and does no quoting, so arguments without whitespace are passed that way (no shell at all);
 when one holds whitespace or is empty, gdb starts the program through /bin/sh (SHELL is set by
-cpumap.counting) with every argument quoted by shlex.quote, which sh takes literally.  A
+cpumap.evaluate.counting) with every argument quoted by shlex.quote, which sh takes literally.  A
 newline cannot be passed (gdb commands are one line) and is refused.
 
 The program runs at full speed until the function's first instruction (a breakpoint there is

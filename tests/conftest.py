@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cpumap import isa, machine
+from cpumap.host import machine
+from cpumap.isa import catalogue as isa
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Blocks tables for the evaluation tests, built from hand-written assembly.
 
-The suite's own block extractor (cpumap.blocks) is another part of the project; these tests
+The suite's own block extractor (cpumap.evaluate.blocks) is another part of the project; these tests
 only need a table in its format, so the fixture splits the code itself: a block starts at the
 function entry, at every branch target and after every control-flow instruction.
 """
@@ -14,7 +14,7 @@ import iced_x86 as ix
 import pandas as pd
 from elftools.elf.elffile import ELFFile
 
-from cpumap import x86
+from cpumap.isa import x86
 
 FIXTURE = Path(__file__).parent / "fixtures" / "evaluate" / "kernel.s"
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from evaluate_fixtures import fixture_blocks
 
-from cpumap import analyzers as A
-from cpumap import resmodel
+from cpumap.evaluate import analyzers as A
+from cpumap.model import resmodel
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_model_analyzer(inputs):
 
 
 class FakeMeasurer:
-    """Answers like cpumap.backend.Measurer: cycles of each kernel, failed ones left out."""
+    """Answers like cpumap.measure.backend.Measurer: cycles of each kernel, failed ones left out."""
 
     def __init__(self, db_dir: Path):
         self.db_dir, self.machine_id = db_dir, "fake"

@@ -1,4 +1,5 @@
-"""cpumap.archive: archive and restore results/, verified; re-deriving everything from raw rows."""
+"""cpumap.store.archive: archive and restore results/, verified; re-deriving everything from raw
+rows."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pytest
 import yaml
 from test_db import make_rows
 
-from cpumap import archive, cli, db
-from cpumap.io import CorruptFileError
+from cpumap import cli
+from cpumap.store import archive, db
+from cpumap.store.files import CorruptFileError
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

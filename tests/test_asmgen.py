@@ -7,8 +7,9 @@ import re
 import pytest
 from iced_x86 import InstructionInfoFactory, Mnemonic, OpAccess, OpKind
 
-from cpumap import asmgen, x86
-from cpumap.asmgen import GenParams
+from cpumap.isa import x86
+from cpumap.measure import asmgen
+from cpumap.measure.asmgen import GenParams
 
 PARAMS = GenParams(unroll_size=64, total_insn=1000, arena_bytes=4096)
 WRITES = {OpAccess.WRITE, OpAccess.READ_WRITE, OpAccess.COND_WRITE, OpAccess.READ_COND_WRITE}

@@ -1,4 +1,4 @@
-"""Basic-block extraction (cpumap.blocks) on fixtures with known leaders."""
+"""Basic-block extraction (cpumap.evaluate.blocks) on fixtures with known leaders."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from cfg_util import build, objdump_leaders
 from elftools.elf.elffile import ELFFile
 
-from cpumap import blocks
+from cpumap.evaluate import blocks
 
 FLAGS = [["-O0"], ["-O1"], ["-O2"], ["-O3", "-march=x86-64-v3"]]
 
@@ -78,7 +78,7 @@ def test_blocks_table_roundtrip(tmp_path):
     exe = build(tmp_path, ["nested.c"], ["-O2"], "fx")
     bl = blocks.extract_blocks(exe, "kernel_nested")
     path = blocks.write_blocks(bl, "nested", "kernel_nested", tmp_path / "b.parquet")
-    from cpumap.io import read_parquet_checked
+    from cpumap.store.files import read_parquet_checked
 
     df = read_parquet_checked(path)
     assert list(df.columns[:10]) == ["benchmark", "function", "block_id", "address", "end",

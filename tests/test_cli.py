@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cpumap import cli, io
+from cpumap import cli
+from cpumap.store import files as io
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from cpumap import machine
+from cpumap.host import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"

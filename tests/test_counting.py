@@ -1,4 +1,4 @@
-"""Exact block occurrences (cpumap.counting, harness/gdb_count.py) on fixtures with known
+"""Exact block occurrences (cpumap.evaluate.counting, harness/gdb_count.py) on fixtures with known
 control flow, flow-conservation derivation checked against breaking on every block."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from cfg_util import build, marker_count
 
-from cpumap import blocks, cli, counting
+from cpumap import cli
+from cpumap.evaluate import blocks, counting
 
 FLAGS = [["-O0"], ["-O2"], ["-O3", "-march=x86-64-v3"]]
 

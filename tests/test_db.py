@@ -1,4 +1,4 @@
-"""Tests of cpumap.db: the append-only Parquet measurement database."""
+"""Tests of cpumap.store.db: the append-only Parquet measurement database."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpumap import db
-from cpumap.io import CorruptFileError
+from cpumap.store import db
+from cpumap.store.files import CorruptFileError
 
 PARAMS = {"unroll_size": 200, "total_insn": 200000, "num_measures": 3}
 

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from scipy.stats import kendalltau
 
-from cpumap import cachegrind, evaluate
+from cpumap.evaluate import cachegrind
+from cpumap.evaluate import lift as evaluate
 
 
 def _blocks() -> pd.DataFrame:

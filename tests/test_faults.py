@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpumap import db, portmap
+from cpumap.measure import portmap
+from cpumap.store import db
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cpumap import harness
+from cpumap.measure import harness
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness"
 ADDS_PER_INSTANCE_DIFF = 100 * 20000  # addchain.s: U = 100 adds per iteration, 20000 iterations

@@ -1,4 +1,4 @@
-"""Tests of cpumap.io: atomic writes and checked Parquet reads."""
+"""Tests of cpumap.store.files: atomic writes and checked Parquet reads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cpumap import io
+from cpumap.store import files as io
 
 
 def leftovers(directory: Path) -> list[Path]:

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from cpumap import isa, x86
+from cpumap.isa import catalogue as isa
+from cpumap.isa import x86
 
 
 def test_names_unique_and_reasons_recorded(catalogue_df):

@@ -1,4 +1,4 @@
-"""Tests of cpumap.machine: the host description and the machine id."""
+"""Tests of cpumap.host.machine: the host description and the machine id."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cpumap import machine
+from cpumap.host import machine
 
 # A trimmed /proc/cpuinfo of the reference KVM guest (two processors).
 CPUINFO = """\

@@ -1,4 +1,4 @@
-"""cpumap.merge: databases of several nodes or machines merge into one, without duplicates."""
+"""cpumap.store.merge: databases of several nodes or machines merge into one, without duplicates."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 from test_db import PARAMS, make_rows
 
-from cpumap import cli, db, merge
-from cpumap.backend import Measurer
-from cpumap.io import CorruptFileError, write_table_atomic
+from cpumap import cli
+from cpumap.measure.backend import Measurer
+from cpumap.store import db, merge
+from cpumap.store.files import CorruptFileError, write_table_atomic
 
 MID = "amd-test-f19-m11-00000000"
 OTHER = "intel-test-f6-m8f-11111111"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cpumap.modelling import listed_forms as extra_forms
+from cpumap.model.jobs import listed_forms as extra_forms
 
 
 def test_extra_forms(tmp_path) -> None:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from cpumap import palmed, resmodel
-from cpumap.asmgen import parse_canonical
-from cpumap.palmed_build import Build, build_model
-from cpumap.portmap import synthetic_mapping
-from cpumap.simulate import SimulatedMachine
+from cpumap.measure.asmgen import parse_canonical
+from cpumap.measure.portmap import synthetic_mapping
+from cpumap.measure.simulate import SimulatedMachine
+from cpumap.model import palmed, resmodel
+from cpumap.model.palmed_build import Build, build_model
 
 
 def held_out(forms: list[str], count: int, seed: int) -> list[dict[str, int]]:

@@ -6,7 +6,8 @@ import re
 
 import pandas as pd
 
-from cpumap import evaluate, report
+from cpumap.evaluate import lift as evaluate
+from cpumap.evaluate import report
 
 
 def _inputs():

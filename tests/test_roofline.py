@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cpumap import suite
+from cpumap.evaluate import suite
+from cpumap.isa.x86 import FormSpec, Operand
 from cpumap.roofline import build, flops, peak, plots, points, sweep
-from cpumap.x86 import FormSpec, Operand
 
 ZEN4_CACHES = [{"level": 1, "bytes": 32768, "shared_cpus": 1},
                {"level": 2, "bytes": 1 << 20, "shared_cpus": 1},
@@ -297,8 +297,8 @@ def test_daxpy_point_counts_agree(tmp_path, host):
     cg = points.callgrind_run(binary, "kernel_daxpy", suite.driver_args(n, 2),
                               points.callgrind_caches(host))
     by_cg = points.work_totals(code, {a: c["Ir"] for a, c in cg.items()})
-    from cpumap.blocks import extract_blocks
-    from cpumap.counting import count_blocks
+    from cpumap.evaluate.blocks import extract_blocks
+    from cpumap.evaluate.counting import count_blocks
     blocks = extract_blocks(binary, "kernel_daxpy")
     occ = count_blocks(binary, "kernel_daxpy", blocks, suite.driver_args(n, 1))
     counts = {a: occ.get(b.address, 0) for b in blocks for a in points._insn_addresses(b)}

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from cpumap import blocks, counting, suite
+from cpumap.evaluate import blocks, counting, suite
 
 KERNELS = suite.kernels()
 

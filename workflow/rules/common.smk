@@ -13,9 +13,9 @@ _SRC = str(Path(workflow.basedir) / "src")
 if _SRC not in sys.path:
     sys.path.insert(0, _SRC)
 
-from cpumap import db as cpumap_db  # noqa: E402
-from cpumap.campaign import read_plan  # noqa: E402
-from cpumap import machine as cpumap_machine  # noqa: E402
+from cpumap.store import db as cpumap_db  # noqa: E402
+from cpumap.measure.campaign import read_plan  # noqa: E402
+from cpumap.host import machine as cpumap_machine  # noqa: E402
 
 
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
@@ -132,7 +132,7 @@ def eval_cachegrind_files(wildcards):
 
 #: HTML fragment files other stages add to the report as sections (e.g. the roofline): paths
 #: with {mid}, appended by their rule files (EVAL_REPORT_EXTRA.append(...)). Each fragment's
-#: first <h2> is its section title (cpumap.report.fragment_section).
+#: first <h2> is its section title (cpumap.evaluate.report.fragment_section).
 EVAL_REPORT_EXTRA = []
 
 

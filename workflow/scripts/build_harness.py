@@ -6,11 +6,11 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap.harness import build_harness  # noqa: E402
+from cpumap.measure.harness import build_harness
 
 built = Path(build_harness(Path(snakemake.params.out_dir)))
 print(f"built {built}")

@@ -7,14 +7,16 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap.backend import simulated_forms  # noqa: E402
-from cpumap.io import write_parquet_atomic  # noqa: E402
-from cpumap.isa import build_catalogue  # noqa: E402
-from cpumap.simulate import SimulatedMachine  # noqa: E402
+from cpumap.isa.catalogue import build_catalogue
+from cpumap.measure.backend import simulated_forms
+from cpumap.measure.settings import BenchSettings
+from cpumap.measure.simulate import SimulatedMachine
+from cpumap.measure.smoke import SmokeRun
+from cpumap.store.files import write_parquet_atomic
 
 with open(snakemake.input.machine, encoding="utf-8") as handle:
     machine = json.load(handle)
@@ -28,9 +30,9 @@ else:
     forms = build_catalogue(
         machine,
         workdir,
-        harness_bin=Path(snakemake.input.harness),
         smoke_run=bool(snakemake.params.smoke_run),
-        bench=dict(snakemake.params.bench),
+        runner=SmokeRun(Path(snakemake.input.harness),
+                        BenchSettings.from_mapping(snakemake.params.bench)),
         progress=lambda message: print(message, flush=True),
     )
 write_parquet_atomic(forms, snakemake.output.forms)

@@ -11,11 +11,12 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap import cachegrind, io  # noqa: E402
+from cpumap.evaluate import cachegrind
+from cpumap.store import files
 
 meta_path = Path(f"{snakemake.input.binary}.json")
 meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -25,5 +26,5 @@ result = cachegrind.warm_miss_rate(snakemake.input.binary, function, args,
                                    reps=int(snakemake.params.reps),
                                    timeout_s=float(snakemake.params.timeout_s))
 result |= {"benchmark": snakemake.wildcards.bench, "function": function, "args": args}
-io.write_json_atomic(result, snakemake.output.result)
+files.write_json_atomic(result, snakemake.output.result)
 print(json.dumps(result))

@@ -12,18 +12,19 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from cpumap import analyzers as A  # noqa: E402
-from cpumap import io, resmodel  # noqa: E402
+from cpumap.evaluate import analyzers as A
+from cpumap.model import resmodel
+from cpumap.store import files
 
 name = snakemake.wildcards.analyzer
 cfg = snakemake.params.evaluate
-tables = [io.read_parquet_checked(p) for p in snakemake.input.blocks]
+tables = [files.read_parquet_checked(p) for p in snakemake.input.blocks]
 blocks = A.block_inputs(pd.concat(tables, ignore_index=True), cfg["drop_terminator"])
 print(f"{name}: {len(blocks)} blocks of {len(tables)} benchmarks", flush=True)
 
@@ -38,17 +39,18 @@ elif name == "osaca":
 elif name == "model":
     analyzer = A.ModelAnalyzer(resmodel.load(snakemake.input.model))
 elif name == "native":
-    from cpumap.backend import Measurer
-    from cpumap.simulate import SimulatedMachine
+    from cpumap.measure.backend import Measurer
+    from cpumap.measure.settings import BenchSettings
+    from cpumap.measure.simulate import SimulatedMachine
 
     with open(snakemake.input.machine, encoding="utf-8") as handle:
         machine = json.load(handle)
-    forms = io.read_parquet_checked(snakemake.input.forms)
+    forms = files.read_parquet_checked(snakemake.input.forms)
     backend = snakemake.params.machine
     sim = None
     if backend["backend"] == "simulated":
         sim = SimulatedMachine(backend["mapping"], backend["noise"], backend["seed"])
-    measurer = Measurer(machine, forms, snakemake.params.bench,
+    measurer = Measurer(machine, forms, BenchSettings.from_mapping(snakemake.params.bench),
                         Path(snakemake.input.forms).parents[1] / "db",
                         Path(snakemake.params.workdir), harness_bin=Path(snakemake.input.harness),
                         sim=sim, log=lambda message: print(message, flush=True))
@@ -62,7 +64,7 @@ seconds = time.monotonic() - t0
 df = A.predictions_frame(name, blocks, results)
 for path in snakemake.output.predictions:
     bench = Path(path).name.removesuffix(".parquet")
-    io.write_parquet_atomic(df[df.benchmark == bench].reset_index(drop=True), path,
+    files.write_parquet_atomic(df[df.benchmark == bench].reset_index(drop=True), path,
                             A.PREDICTION_SCHEMA)
 failed = df[df.status != "ok"]
 noted = df[(df.status == "ok") & (df.error != "")]
@@ -75,5 +77,5 @@ meta = {"analyzer": name, "description": analyzer.describe(), "blocks": int(len(
 if hasattr(analyzer, "stats"):
     meta["calls"] = analyzer.stats.calls
     meta["failed_calls"] = analyzer.stats.failed_calls
-io.write_json_atomic(meta, snakemake.output.meta)
+files.write_json_atomic(meta, snakemake.output.meta)
 print(json.dumps({k: v for k, v in meta.items() if k != "errors"}))

@@ -11,14 +11,15 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from cpumap import analyzers as A  # noqa: E402
-from cpumap import io, report  # noqa: E402
+from cpumap.evaluate import analyzers as A
+from cpumap.evaluate import report
+from cpumap.store import files
 
 kernels = pd.read_csv(snakemake.input.kernels, sep="\t", keep_default_na=True)
 for col in ("excluded", "error", "cachegrind_error"):
@@ -29,7 +30,7 @@ with open(snakemake.input.metrics_json, encoding="utf-8") as handle:
     mj = json.load(handle)
 with open(snakemake.input.machine, encoding="utf-8") as handle:
     machine = json.load(handle)
-preds = [io.read_parquet_checked(p) for p in snakemake.input.predictions]
+preds = [files.read_parquet_checked(p) for p in snakemake.input.predictions]
 predictions = pd.concat(preds, ignore_index=True) if preds else pd.DataFrame(
     columns=["benchmark", "block_id", "analyzer", "cycles", "status", "error", "seconds"])
 s = mj["summary"]
@@ -43,12 +44,12 @@ header = {
                        if cfg.get("drop_terminator", True) else "each whole block"),
 }
 # the instructions every analyzer was given (terminator dropped or not, as configured)
-inputs = A.block_inputs(pd.concat([io.read_parquet_checked(p) for p in snakemake.input.blocks],
+inputs = A.block_inputs(pd.concat([files.read_parquet_checked(p) for p in snakemake.input.blocks],
                                   ignore_index=True), cfg.get("drop_terminator", True))
 blocks = pd.DataFrame({"benchmark": [b.benchmark for b in inputs],
                        "block_id": [b.block_id for b in inputs],
                        "insns": [list(b.insns) for b in inputs]})
-counts = pd.concat([io.read_parquet_checked(p) for p in snakemake.input.counts],
+counts = pd.concat([files.read_parquet_checked(p) for p in snakemake.input.counts],
                    ignore_index=True)
 notes = [report.residency_note(s)]
 extra = [report.fragment_section(p) for p in snakemake.input.extra]

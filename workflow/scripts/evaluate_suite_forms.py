@@ -9,13 +9,15 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap import blocks, io, isa  # noqa: E402
+from cpumap.evaluate import blocks
+from cpumap.isa import catalogue
+from cpumap.store import files
 
-catalogue = isa.Catalogue.load(Path(snakemake.input.forms))
+catalogue = catalogue.Catalogue.load(Path(snakemake.input.forms))
 forms = blocks.suite_forms(list(snakemake.input.blocks), catalogue)
-io.write_text_atomic("".join(f"{f}\n" for f in forms), snakemake.output.forms)
+files.write_text_atomic("".join(f"{f}\n" for f in forms), snakemake.output.forms)
 print(f"{len(forms)} distinct measurable forms in {len(snakemake.input.blocks)} blocks tables")

@@ -6,11 +6,11 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap.machine import write_machine_json  # noqa: E402
+from cpumap.host.machine import write_machine_json
 
 desc = write_machine_json(snakemake.output.json, machine_config=dict(snakemake.params.machine))
 print(f"machine id: {desc['machine_id']}")

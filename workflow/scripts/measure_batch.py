@@ -8,16 +8,17 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap import db  # noqa: E402
-from cpumap.asmgen import canonical, kernel_id, parse_canonical  # noqa: E402
-from cpumap.backend import batch_rows, measurement_key  # noqa: E402
-from cpumap.campaign import read_plan  # noqa: E402
-from cpumap.io import read_parquet_checked  # noqa: E402
-from cpumap.simulate import SimulatedMachine  # noqa: E402
+from cpumap.measure.asmgen import canonical, kernel_id, parse_canonical
+from cpumap.measure.backend import batch_rows, measurement_key
+from cpumap.measure.campaign import read_plan
+from cpumap.measure.settings import BenchSettings
+from cpumap.measure.simulate import SimulatedMachine
+from cpumap.store import db
+from cpumap.store.files import read_parquet_checked
 
 batches = read_plan(snakemake.input.plan)
 by_key = {db.batch_key(i, kernels): kernels for i, kernels in enumerate(batches)}
@@ -33,7 +34,7 @@ workdir.mkdir(parents=True)
 
 # Kernels already measured on this machine with the same parameters and harness are not
 # measured again (DESIGN §7) unless bench.remeasure is set; the summary finds their rows.
-bench = dict(snakemake.params.bench)
+bench = BenchSettings.from_mapping(snakemake.params.bench)
 backend = snakemake.params.machine
 simulated = backend["backend"] == "simulated"
 # `measure: false` (re-deriving from restored or merged rows) never measures: the batch's
@@ -41,7 +42,7 @@ simulated = backend["backend"] == "simulated"
 # that switching it does not rerun (and so delete) stored parts.
 measuring = bool(snakemake.config.get("measure", True))
 skip = set()
-if not bench.get("remeasure", False) or not measuring:
+if not bench.remeasure or not measuring:
     skip = db.measured_keys(
         Path(snakemake.output.part).parent, machine["machine_id"],
         *measurement_key(bench, simulated))

@@ -3,11 +3,12 @@
 import json
 from pathlib import Path
 
-from cpumap import modelling
-from cpumap.backend import Measurer
-from cpumap.io import read_parquet_checked
-from cpumap.palmed import PalmedConfig
-from cpumap.simulate import SimulatedMachine
+from cpumap.measure.backend import Measurer
+from cpumap.measure.settings import BenchSettings
+from cpumap.measure.simulate import SimulatedMachine
+from cpumap.model import jobs
+from cpumap.model.palmed import PalmedConfig
+from cpumap.store.files import read_parquet_checked
 
 
 def measurer_and_config(snakemake) -> tuple[Measurer, PalmedConfig, dict]:
@@ -22,10 +23,10 @@ def measurer_and_config(snakemake) -> tuple[Measurer, PalmedConfig, dict]:
         noise = float(backend["noise"])
     forms = read_parquet_checked(snakemake.input.forms)
     db_dir = Path(snakemake.input.forms).parents[1] / "db"
-    measurer = Measurer(machine, forms, snakemake.params.bench, db_dir,
+    measurer = Measurer(machine, forms, BenchSettings.from_mapping(snakemake.params.bench), db_dir,
                         Path(snakemake.params.workdir), harness_bin=Path(snakemake.input.harness),
                         sim=sim, log=lambda message: print(message, flush=True),
                         # `measure: false`: answer from the DB only (read from the config, not
                         # params, so that switching it reruns nothing)
                         measure=bool(snakemake.config.get("measure", True)))
-    return measurer, modelling.palmed_config(snakemake.params.model, noise), machine
+    return measurer, jobs.palmed_config(snakemake.params.model, noise), machine

@@ -1,5 +1,5 @@
 """Rules palmed_pairs, palmed_basic, palmed_core, palmed_mapping and fit_model: one Palmed
-stage each (cpumap.modelling's *_job functions), chosen by params.stage."""
+stage each (cpumap.model.jobs's *_job functions), chosen by params.stage."""
 
 import sys
 from pathlib import Path
@@ -8,37 +8,37 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 sys.path.insert(0, str(Path(snakemake.scriptdir)))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from model_common import measurer_and_config  # noqa: E402
+from model_common import measurer_and_config
 
-from cpumap import modelling  # noqa: E402
-from cpumap.campaign import read_plan  # noqa: E402
+from cpumap.measure.campaign import read_plan
+from cpumap.model import jobs
 
 measurer, cfg, machine = measurer_and_config(snakemake)
 stage = snakemake.params.stage
-job = modelling.StageJob(measurer, cfg, stage, lambda message: print(message, flush=True))
+job = jobs.StageJob(measurer, cfg, stage, lambda message: print(message, flush=True))
 out, inp = snakemake.output, snakemake.input
 batch_size = int(snakemake.params.model["batch_size"])
 if stage == "pairs":
     planned = [k for batch in read_plan(inp.plan) for k in batch]
-    forms, left_out = modelling.model_forms(measurer, planned, snakemake.params.model,
+    forms, left_out = jobs.model_forms(measurer, planned, snakemake.params.model,
                                             list(inp.suite_forms))
     for name, reason in sorted(left_out.items()):
         print(f"not modelled: {name}: {reason}", flush=True)
     print(f"modelling {len(forms)} forms of {machine['machine_id']} (tol {cfg.tol})", flush=True)
-    modelling.pairs_job(job, forms, left_out, Path(out.state), Path(out.plan), batch_size)
+    jobs.pairs_job(job, forms, left_out, Path(out.state), Path(out.plan), batch_size)
 elif stage == "basic":
-    modelling.basic_job(job, Path(inp.state), Path(out.state))
+    jobs.basic_job(job, Path(inp.state), Path(out.state))
 elif stage == "core":
-    modelling.core_job(job, Path(inp.state), Path(out.state))
+    jobs.core_job(job, Path(inp.state), Path(out.state))
 elif stage == "mapping":
-    modelling.mapping_job(job, Path(inp.state), Path(out.state), Path(out.plan), batch_size)
+    jobs.mapping_job(job, Path(inp.state), Path(out.state), Path(out.plan), batch_size)
 elif stage == "remaining":
-    model, stats = modelling.fit_job(job, Path(inp.state))
-    modelling.write_model(model, stats, Path(out.model), Path(out.table), Path(out.stats))
+    model, stats = jobs.fit_job(job, Path(inp.state))
+    jobs.write_model(model, stats, Path(out.model), Path(out.table), Path(out.stats))
     print(f"{len(model.resources)} resources; kernels per stage {stats['kernels']}")
 else:
     raise SystemExit(f"unknown Palmed stage {stage!r}")

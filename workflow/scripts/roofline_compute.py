@@ -6,23 +6,25 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-import json  # noqa: E402
-import shutil  # noqa: E402
+import json
+import shutil
 
-from cpumap.io import read_parquet_checked  # noqa: E402
-from cpumap.roofline.build import run_compute, write_json  # noqa: E402
+from cpumap.measure.settings import BenchSettings
+from cpumap.roofline.build import run_compute, write_json
+from cpumap.store.files import read_parquet_checked
 
 with open(snakemake.input.machine, encoding="utf-8") as handle:
     machine = json.load(handle)
 workdir = Path(snakemake.params.workdir)
 shutil.rmtree(workdir, ignore_errors=True)
 workdir.mkdir(parents=True)
-summary = run_compute(read_parquet_checked(snakemake.input.forms), machine,
-                      snakemake.params.bench, snakemake.params.roofline, workdir,
+bench = BenchSettings.from_mapping(snakemake.params.bench)
+summary = run_compute(read_parquet_checked(snakemake.input.forms), machine, bench,
+                      snakemake.params.roofline, workdir,
                       Path(snakemake.input.harness), Path(snakemake.output.part),
                       progress=lambda message: print(message, flush=True))
 write_json(summary, Path(snakemake.output.compute))

@@ -6,14 +6,19 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-import json  # noqa: E402
+import json
 
-from cpumap.io import read_parquet_checked, write_json_atomic, write_text_atomic  # noqa: E402
-from cpumap.roofline import build, plots, points, report  # noqa: E402
+from cpumap.roofline import (
+    build,
+    plots,
+    points,
+    report,
+)
+from cpumap.store.files import read_parquet_checked, write_json_atomic, write_text_atomic
 
 with open(snakemake.input.ceilings, encoding="utf-8") as handle:
     ceil = json.load(handle)

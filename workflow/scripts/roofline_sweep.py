@@ -6,14 +6,14 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-import json  # noqa: E402
+import json
 
-from cpumap.io import write_parquet_atomic  # noqa: E402
-from cpumap.roofline.build import run_sweep  # noqa: E402
+from cpumap.roofline.build import run_sweep
+from cpumap.store.files import write_parquet_atomic
 
 with open(snakemake.input.machine, encoding="utf-8") as handle:
     machine = json.load(handle)

@@ -1,4 +1,4 @@
-"""Rule suite_build: compile one kernel with one flag set (cpumap.suite.build_benchmark)."""
+"""Rule suite_build: one kernel, one flag set (cpumap.evaluate.suite.build_benchmark)."""
 
 import sys
 from pathlib import Path
@@ -6,11 +6,11 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap.suite import build_benchmark  # noqa: E402
+from cpumap.evaluate.suite import build_benchmark
 
 out = build_benchmark(snakemake.wildcards.kernel, snakemake.wildcards.flagset,
                       Path(snakemake.output.bin), flags=list(snakemake.params.flags),

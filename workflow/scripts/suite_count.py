@@ -7,14 +7,14 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap.blocks import extract_blocks, write_blocks  # noqa: E402
-from cpumap.counting import count, write_counts  # noqa: E402
-from cpumap.isa import Catalogue  # noqa: E402
-from cpumap.suite import benchmark_args, benchmark_function  # noqa: E402
+from cpumap.evaluate.blocks import extract_blocks, write_blocks
+from cpumap.evaluate.counting import count, write_counts
+from cpumap.evaluate.suite import benchmark_args, benchmark_function
+from cpumap.isa.catalogue import Catalogue
 
 bench = snakemake.wildcards.bench
 user = snakemake.params.user

@@ -1,4 +1,4 @@
-"""Rule suite_cycles: whole-kernel cycles, repeated, the minimum kept (cpumap.suite)."""
+"""Rule suite_cycles: whole-kernel cycles, repeated, the minimum kept (cpumap.evaluate.suite)."""
 
 import sys
 from pathlib import Path
@@ -6,12 +6,12 @@ from pathlib import Path
 # Import the cpumap package of this checkout (also when it is not pip-installed).
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap.io import write_json_atomic  # noqa: E402
-from cpumap.suite import cycles_record  # noqa: E402
+from cpumap.evaluate.suite import cycles_record
+from cpumap.store.files import write_json_atomic
 
 bench = snakemake.wildcards.bench
 rec = cycles_record(bench, snakemake.input.binary, snakemake.params.user,

@@ -8,24 +8,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
 sys.path.insert(0, str(Path(snakemake.scriptdir)))
 
-from cpumap.io import redirect_output  # noqa: E402
+from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from model_common import measurer_and_config  # noqa: E402
+from model_common import measurer_and_config
 
-from cpumap import io, modelling, resmodel  # noqa: E402
+from cpumap.model import jobs, resmodel
+from cpumap.store import files
 
 measurer, _cfg, machine = measurer_and_config(snakemake)
 model = resmodel.load(snakemake.input.model)
 forms = model.forms  # held-out kernels of the modelled forms only
 count = int(snakemake.params.model["validation_kernels"])
 seed = int(snakemake.params.model["validation_seed"])
-table, metrics = modelling.run_validation(model, forms, measurer, count, seed)
+table, metrics = jobs.run_validation(model, forms, measurer, count, seed)
 with open(snakemake.input.stats, encoding="utf-8") as handle:
     stats = json.load(handle)
-io.write_tsv_atomic(table, snakemake.output.table)
-io.write_json_atomic(metrics, snakemake.output.metrics)
-io.write_text_atomic(modelling.validation_report(metrics, stats, machine["machine_id"], count),
+files.write_tsv_atomic(table, snakemake.output.table)
+files.write_json_atomic(metrics, snakemake.output.metrics)
+files.write_text_atomic(jobs.validation_report(metrics, stats, machine["machine_id"], count),
                      snakemake.output.report)
 print(json.dumps(metrics))

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import db, io
-from ..x86 import FormSpec
-from . import ceilings, peak, sweep
+from cpumap.isa.x86 import FormSpec
+from cpumap.measure.settings import BenchSettings
+from cpumap.roofline import ceilings, peak, sweep
+from cpumap.store import db, files
 
 DEFAULTS: dict = {
     "operations": ["add", "mul", "fma", "add+mul", "fma+add"],
@@ -52,7 +53,7 @@ def tsc_ghz(machine: Mapping) -> float | None:
     return float(mhz) / 1000 if mhz else None
 
 
-def run_compute(forms: pd.DataFrame, machine: dict, bench: Mapping, cfg: Mapping,
+def run_compute(forms: pd.DataFrame, machine: dict, bench: BenchSettings, cfg: Mapping,
                 workdir: Path, harness_bin: Path, part: Path,
                 progress: Callable[[str], None] | None = None) -> dict:
     """Measure every compute variant, store the rows as DB part ``part``; return the summary."""
@@ -61,7 +62,7 @@ def run_compute(forms: pd.DataFrame, machine: dict, bench: Mapping, cfg: Mapping
     kernels = [v["kernel"] for v in plan if v["status"] == "planned"]
     cpus = cfg["cpus"] or ceilings.default_cpus()
     batch_id = part.name.removeprefix("part-").removesuffix(".parquet")
-    rows = ceilings.measure_compute(kernels, forms, machine, dict(bench) | cfg["compute_bench"],
+    rows = ceilings.measure_compute(kernels, forms, machine, bench.replace(**cfg["compute_bench"]),
                                     workdir, harness_bin, batch_id, list(cpus), progress)
     db.append(part.parent, rows, batch_id)
     return summarize_compute(rows, forms, machine, plan)
@@ -188,7 +189,7 @@ def make_ceilings(compute: Mapping, sweep_rows: pd.DataFrame | None, machine: Ma
 
 
 def write_json(obj, path: Path) -> None:
-    io.write_text_atomic(json.dumps(obj, indent=1, sort_keys=True, default=_default) + "\n",
+    files.write_text_atomic(json.dumps(obj, indent=1, sort_keys=True, default=_default) + "\n",
                          path)
 
 

@@ -2,7 +2,7 @@
 
 Each variant is a multiset of catalogue forms -- one ISA level (scalar, SSE, AVX2, AVX-512) x
 one precision x one operation (add, mul, FMA, add+mul, FMA+add) -- generated and measured by
-the project's own Pipedream generator and harness (cpumap.campaign.measure_batch), so a
+the project's own Pipedream generator and harness (cpumap.measure.campaign.measure_batch), so a
 ceiling is a measurement like any other and its raw rows go to the database.  Flops per
 kernel instance come from the forms (cpumap.roofline.flops, the function the kernel points
 use), and flops per cycle = flops per instance / cycles per instance (the fastest long call
@@ -25,9 +25,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import asmgen, campaign, db
-from ..x86 import FormSpec
-from .flops import flops_of_form
+from cpumap.isa.x86 import FormSpec
+from cpumap.measure import asmgen, campaign
+from cpumap.measure.settings import BenchSettings
+from cpumap.roofline.flops import flops_of_form
+from cpumap.store import db
 
 # (isa level, precision) -> {operation: form name}; mixes are built from these.
 _FORMS: dict[tuple[str, str], dict[str, str]] = {
@@ -104,7 +106,7 @@ def measure_compute(
     kernels: list[str],
     forms: pd.DataFrame,
     machine: dict,
-    bench: Mapping,
+    bench: BenchSettings,
     workdir: Path,
     harness_bin: Path,
     batch_id: str,
@@ -113,7 +115,7 @@ def measure_compute(
 ) -> pd.DataFrame:
     """DB rows of the kernels on cpus[0] alone, then on every CPU of ``cpus`` at once."""
     runs: list[pd.DataFrame] = []
-    one = campaign.measure_batch(kernels, forms, machine, dict(bench) | {"cpu": cpus[0]},
+    one = campaign.measure_batch(kernels, forms, machine, bench.replace(cpu=cpus[0]),
                                  Path(workdir) / "one", harness_bin, batch_id, progress)
     runs.append(_with_run_params(one, cpus[0], 1))
     if len(cpus) > 1:
@@ -123,7 +125,7 @@ def measure_compute(
         def work(cpu: int) -> None:
             try:
                 results[cpu] = campaign.measure_batch(
-                    kernels, forms, machine, dict(bench) | {"cpu": cpu},
+                    kernels, forms, machine, bench.replace(cpu=cpu),
                     Path(workdir) / f"all-{cpu}", harness_bin, batch_id, progress)
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 errors.append(exc)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import iced_x86 as ix
 
-from .. import x86
+from cpumap.isa import x86
 
 _ELEMENT = {ix.MemorySize.FLOAT64: "dp", ix.MemorySize.FLOAT32: "sp",
             ix.MemorySize.FLOAT16: "hp", ix.MemorySize.BFLOAT16: "bf16"}

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from ..x86 import FormSpec
-from .flops import FlopInfo, flops_of_form
+from cpumap.isa.x86 import FormSpec
+from cpumap.roofline.flops import FlopInfo, flops_of_form
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ eviction pass, ``--cold``):
   its flops (cpumap.roofline.flops: FMA = 2, vector width and precision from the encoding).
   Counts come from Callgrind (valgrind's per-instruction execution counts, ``--dump-instr``,
   restricted to the kernel function) or, where valgrind cannot run the code (AVX-512: valgrind
-  3.19 does not decode EVEX), from the basic blocks (cpumap.blocks) x their gdb occurrences
-  (cpumap.counting) -- the same numbers, see tests;
+  3.19 does not decode EVEX), from the basic blocks (cpumap.evaluate.blocks) x their gdb occurrences
+  (cpumap.evaluate.counting) -- the same numbers, see tests;
 * core-side bytes, exact: execution count x the bytes of the instruction's memory operands;
 * memory-side bytes: no hardware counters here, so from Callgrind's cache simulation (D1 and
   LL with this machine's L1d and L3 geometry, write-back simulated): 64 x (LL misses + dirty
@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import suite
-from ..blocks import extract_blocks, function_bounds
-from ..counting import count_blocks
-from ..x86 import decode_all
-from .flops import work_of_hex
+from cpumap.evaluate import suite
+from cpumap.evaluate.blocks import extract_blocks, function_bounds
+from cpumap.evaluate.counting import count_blocks
+from cpumap.isa.x86 import decode_all
+from cpumap.roofline.flops import work_of_hex
 
 LINE = 64
 

@@ -1,7 +1,7 @@
 """The roofline section of the report (report/index.html): HTML with the figures inlined.
 
 ``section_html`` returns one self-contained fragment whose first <h2> is the section title
-(cpumap.report.fragment_section reads it); the figures are the PNGs of plots.all_plots,
+(cpumap.evaluate.report.fragment_section reads it); the figures are the PNGs of plots.all_plots,
 embedded as data URIs, so the report stays one file.
 """
 

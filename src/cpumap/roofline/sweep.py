@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..harness import HARNESS_DIR, HarnessError, build_c_program
+from cpumap.measure.harness import HARNESS_DIR, HarnessError, build_c_program
 
 SWEEP_SRC = HARNESS_DIR / "bw_sweep.c"
 KINDS = ("read", "write", "copy", "triad", "ntwrite")

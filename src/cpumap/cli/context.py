@@ -1,0 +1,63 @@
+"""What every subcommand shares: the results of this machine (built on demand), bad-input errors.
+
+Exit codes of the tool: 0 success, 1 a measurement or tool failure, 2 bad input (unknown
+instruction, bad option): a subcommand raises :class:`UsageError` for the latter.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from cpumap.host import machine
+from cpumap.isa import catalogue
+from cpumap.measure import harness
+from cpumap.measure.smoke import SmokeRun
+from cpumap.store import files
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported with exit code 2."""
+
+
+def say(msg: str) -> None:
+    print(f"cpumap: {msg}", file=sys.stderr, flush=True)
+
+
+class Context:
+    """Paths of one machine's results, created on demand (machine.json, harness, catalogue)."""
+
+    def __init__(self, results: Path):
+        self.results = Path(results)
+        self._desc: dict | None = None
+
+    @property
+    def desc(self) -> dict:
+        if self._desc is None:
+            self._desc = machine.describe()
+        return self._desc
+
+    @property
+    def root(self) -> Path:
+        return self.results / self.desc["machine_id"]
+
+    def machine_json(self) -> Path:
+        path = self.root / "machine.json"
+        if not path.exists():
+            machine.write_machine_json(path, self.desc)
+        return path
+
+    def harness_bin(self) -> Path:
+        return harness.build_harness(self.root / "bin")
+
+    def catalogue(self, rebuild: bool = False, smoke: bool = True) -> catalogue.Catalogue:
+        path = self.root / "isa" / "forms.parquet"
+        if rebuild or not path.exists():
+            self.machine_json()
+            say(f"building the instruction catalogue for {self.desc['machine_id']} "
+                 "(once per machine)")
+            runner = SmokeRun(self.harness_bin()) if smoke else None
+            df = catalogue.build_catalogue(self.desc, self.root / "work" / "isa",
+                                           smoke_run=smoke, runner=runner, progress=say)
+            files.write_parquet_atomic(df, path)
+        return catalogue.Catalogue.load(path)

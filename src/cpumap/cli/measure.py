@@ -1,0 +1,205 @@
+"""Subcommands on kernels and forms: measure, predict, forms, catalogue, machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+
+from cpumap.cli.context import Context, UsageError, say
+from cpumap.isa import catalogue
+from cpumap.measure import asmgen, campaign, harness
+from cpumap.measure.settings import BenchSettings
+from cpumap.store import db
+
+
+def resolve_kernel(cat: catalogue.Catalogue, terms: list[str]) -> dict[str, int]:
+    kernel: dict[str, int] = {}
+    try:
+        for text, n in asmgen.parse_kernel_terms(terms):
+            name = cat.resolve(text)
+            kernel[name] = kernel.get(name, 0) + n
+    except (catalogue.UnknownInstruction, asmgen.KernelError) as exc:
+        raise UsageError(str(exc)) from exc
+    return kernel
+
+
+def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool) -> dict:
+    ok = rows[rows.status == "ok"]
+    if ok.empty:
+        errors = "; ".join(sorted(set(rows.error)))
+        raise RuntimeError(f"kernel {asmgen.canonical(kernel)} failed: {errors}")
+    agg = db.aggregate(ok).iloc[0]
+    cyc = float(agg["cycles_per_instance_median"])
+    return {
+        "kernel": asmgen.canonical(kernel), "kernel_id": str(agg["kernel_id"]),
+        "forms": sorted(kernel), "n_insns": int(agg["n_insns"]),
+        "cycles": cyc, "cycles_min": float(agg["cycles_per_instance_min"]),
+        "ipc": float(agg["n_insns"]) / cyc, "f2_per_instance": float(agg["f2_per_instance"]),
+        "nonlinearity": float(agg["nonlinearity"]),
+        "loops_disagree": float(agg["loops_disagree"]), "clock": str(ok.clock.iloc[0]),
+        "insn_source": str(ok.insn_source.iloc[0]), "repetitions": int(len(ok)),
+        "failed_repetitions": int(len(rows) - len(ok)),
+        "calib_ratio": float(ok.calib_ratio.median()), "machine_id": str(ok.machine_id.iloc[0]),
+        "params_id": str(ok.params_id.iloc[0]), "cached": cached,
+    }
+
+
+def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
+    bench = BenchSettings(num_measures=args.repeat)
+    for key in ("unroll_size", "total_insn", "cpu"):
+        if getattr(args, key) is not None:
+            bench = bench.replace(**{key: getattr(args, key)})
+    cat = ctx.catalogue()
+    kernel = resolve_kernel(cat, args.instr)
+    canon = asmgen.canonical(kernel)
+    kid = asmgen.kernel_id(canon)
+    pid = db.params_id(bench.measurement_params())
+    db_dir = ctx.root / "db"
+    rows = None
+    if not args.force:
+        old = db.load(db_dir, machine_id=ctx.desc["machine_id"]) if db_dir.exists() else None
+        if old is not None and len(old):
+            sel = old[(old.kernel_id == kid) & (old.params_id == pid) & (old.status == "ok")
+                      & (old.harness_version == harness.HARNESS_VERSION)]
+            if len(sel) >= args.repeat:
+                rows = sel[sel.batch_id == sel.batch_id.iloc[-1]]
+    cached = rows is not None
+    if rows is None:
+        # unique per invocation: two measurements of one kernel in the same second must not
+        # collide (parts are never overwritten)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        batch_id = f"cli-{stamp}-{os.getpid()}-{kid[:8]}"
+        rows = campaign.measure_batch(
+            [canon], cat.df, ctx.desc, bench, ctx.root / "work" / "cli", ctx.harness_bin(),
+            batch_id, progress=say if args.verbose else None)
+        if not args.no_db:
+            db.append(db_dir, rows, batch_id)
+    out = summarize(rows, kernel, cached)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['kernel']}: {out['cycles']:.4f} cycles per instance (min "
+              f"{out['cycles_min']:.4f}), IPC {out['ipc']:.3f}, {out['repetitions']} repetitions, "
+              f"clock {out['clock']}{' (cached)' if cached else ''}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
+    from cpumap.model import (
+        resmodel,  # local: predicting needs neither harness nor iced
+        validation,
+    )
+
+    try:
+        model = resmodel.load(args.model)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load model {args.model}: {exc}") from exc
+    known = set(model.forms)
+    kernel: dict[str, int] = {}
+    try:
+        terms = asmgen.parse_kernel_terms(args.instr)
+    except asmgen.KernelError as exc:
+        raise UsageError(str(exc)) from exc
+    cat = None
+    for text, n in terms:
+        name = text if text in known else None
+        if name is None:
+            # a form name in another case, or AT&T text: resolve through this host's catalogue
+            cat = cat or ctx.catalogue()
+            try:
+                name = cat.resolve(text)
+            except catalogue.UnknownInstruction as exc:
+                raise UsageError(str(exc)) from exc
+        if name not in known:
+            raise UsageError(f"{text!r} ({name}) is not in the model {args.model}")
+        kernel[name] = kernel.get(name, 0) + n
+    cycles, bottleneck = resmodel.predict(model, kernel)
+    out = {"kernel": asmgen.canonical(kernel), "forms": sorted(kernel),
+           "n_insns": sum(kernel.values()), "cycles": cycles,
+           "ipc": sum(kernel.values()) / cycles if cycles > 0 else None,
+           "bottleneck": bottleneck, "model": str(args.model),
+           "interacting": validation.interacting(model, kernel)}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['kernel']}: {cycles:.4f} cycles per instance, IPC {out['ipc']:.3f}, "
+              f"bottleneck {bottleneck}")
+    if out["interacting"]:
+        # a prediction the model cannot vouch for: said on stderr so that --json stays JSON
+        print("warning: the kernel holds a pair of forms that ran slower together than one "
+              "after the other when the model was built (provenance.interacting): no "
+              "resource model predicts it", file=sys.stderr)
+    return 0
+
+
+def cmd_forms(args: argparse.Namespace, ctx: Context) -> int:
+    df = ctx.catalogue().df
+    if not args.all:
+        df = df[df.status == "ok"]
+    if args.pattern:
+        df = df[df.name.str.contains(args.pattern, case=False, regex=True)
+                | df.att_template.str.contains(args.pattern, case=False, regex=True)]
+    cols = ["name", "att_template", "extension", "category", "status", "reason"]
+    if args.json:
+        print(df[cols].to_json(orient="records", indent=1))
+    else:
+        with pd.option_context("display.max_rows", None, "display.width", 200):
+            print(df[cols].to_string(index=False))
+    return 0
+
+
+def cmd_catalogue(args: argparse.Namespace, ctx: Context) -> int:
+    df = ctx.catalogue(rebuild=args.rebuild, smoke=not args.no_smoke).df
+    print(f"{int((df.status == 'ok').sum())} forms ok, {int((df.status != 'ok').sum())} excluded")
+    print(df[df.status != "ok"].reason.value_counts().head(args.top).to_string())
+    return 0
+
+
+def cmd_machine(args: argparse.Namespace, ctx: Context) -> int:
+    path = ctx.machine_json()
+    if args.json:
+        print(path.read_text())
+    else:
+        d = ctx.desc
+        print(f"{d['machine_id']}: {d.get('model_name')} ({d.get('uarch')}), "
+              f"{path}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register measure, predict, forms, catalogue and machine."""
+    m = sub.add_parser("measure", help="measure the throughput of one kernel (a multiset)")
+    m.add_argument("instr", nargs="+", help="form name or AT&T instruction, optionally *N")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--repeat", type=int, default=10, help="repetitions K (default 10)")
+    m.add_argument("--force", action="store_true", help="measure even if already in the DB")
+    m.add_argument("--no-db", action="store_true", help="do not store the rows")
+    m.add_argument("--unroll-size", type=int, dest="unroll_size")
+    m.add_argument("--total-insn", type=int, dest="total_insn")
+    m.add_argument("--cpu", type=int, help="core to pin the harness to")
+    m.add_argument("-v", "--verbose", action="store_true")
+    m.set_defaults(fn=cmd_measure)
+    pr = sub.add_parser("predict", help="predict the throughput of a kernel with a model")
+    pr.add_argument("instr", nargs="+", help="form name or AT&T instruction, optionally *N")
+    pr.add_argument("--model", required=True, type=Path, help="model.json")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=cmd_predict)
+    f = sub.add_parser("forms", help="list instruction forms of the catalogue")
+    f.add_argument("pattern", nargs="?", help="regular expression on name or AT&T template")
+    f.add_argument("--all", action="store_true", help="include excluded forms")
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(fn=cmd_forms)
+    c = sub.add_parser("catalogue", help="build or summarize the instruction catalogue")
+    c.add_argument("--rebuild", action="store_true")
+    c.add_argument("--no-smoke", action="store_true", help="skip running each form once")
+    c.add_argument("--top", type=int, default=30)
+    c.set_defaults(fn=cmd_catalogue)
+    mc = sub.add_parser("machine", help="describe this machine")
+    mc.add_argument("--json", action="store_true")
+    mc.set_defaults(fn=cmd_machine)

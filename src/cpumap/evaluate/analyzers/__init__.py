@@ -1,0 +1,88 @@
+"""Code analyzers evaluated on the basic blocks of real kernels (issue 4, DESIGN §9).
+
+Available here: ``model`` (our resource model), ``llvm-mca``, ``osaca`` and ``native`` (our own
+measurement of the block's multiset). Tools of the seed's harness that cannot run on this
+machine are listed in :data:`UNAVAILABLE` with the reason, so that the report names them.
+
+Every analyzer has ``name``, ``describe()`` and ``predict(blocks) -> {(benchmark, block_id):
+Result}``; :func:`predictions_frame` turns the answers into the predictions table.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+
+from cpumap.evaluate.analyzers.base import (
+    PREDICTION_COLUMNS,
+    BatchError,
+    BlockInput,
+    Result,
+    ToolResult,
+    block_inputs,
+    predict_blocks,
+    render_att,
+    run_batched,
+    run_tool,
+)
+from cpumap.evaluate.analyzers.internal import ModelAnalyzer, NativeAnalyzer
+from cpumap.evaluate.analyzers.llvm_mca import LlvmMca
+from cpumap.evaluate.analyzers.osaca import Osaca
+
+__all__ = [
+    "ANALYZERS",
+    "BatchError",
+    "BlockInput",
+    "LlvmMca",
+    "ModelAnalyzer",
+    "NativeAnalyzer",
+    "Osaca",
+    "PREDICTION_COLUMNS",
+    "PREDICTION_SCHEMA",
+    "Result",
+    "ToolResult",
+    "UNAVAILABLE",
+    "block_inputs",
+    "predict_blocks",
+    "predictions_frame",
+    "render_att",
+    "run_batched",
+    "run_tool",
+]
+
+#: Arrow schema of the predictions tables (types fixed, also for empty tables).
+PREDICTION_SCHEMA = pa.schema([
+    ("benchmark", pa.string()), ("block_id", pa.int64()), ("analyzer", pa.string()),
+    ("cycles", pa.float64()), ("status", pa.string()), ("error", pa.string()),
+    ("seconds", pa.float64()),
+])
+
+#: The analyzers this harness can run, in report order.
+ANALYZERS = ["model", "native", "llvm-mca", "osaca"]
+
+#: Analyzers of the seed's harness that are not run here, and why.
+UNAVAILABLE = {
+    "uiCA": "models Intel microarchitectures only (Sandy Bridge to Rocket/Alder Lake); this "
+            "host is AMD Zen 4",
+    "IACA": "Intel's analyzer, discontinued in 2019: Intel microarchitectures only (Haswell "
+            "to Skylake), a closed-source binary not packaged for Debian",
+    "Ithemal": "learned model trained on BHive measurements of Intel CPUs (Ivy Bridge, "
+               "Haswell, Skylake); there is no Zen 4 model and no Zen 4 training data",
+    "BHive": "its profiler reads hardware performance counters (perf_event), and this KVM "
+             "guest exposes none (PAPI lists 0 events); the native analyzer plays its part",
+    "Gus": "QEMU-based dynamic analyzer from F. Gruber's PhD work: no public release to "
+           "install",
+}
+
+
+def predictions_frame(analyzer: str, blocks: list[BlockInput],
+                      results: dict[tuple[str, int], Result]) -> pd.DataFrame:
+    """The predictions table (CONTRACTS columns) of one analyzer, one row per block."""
+    rows = []
+    for b in blocks:
+        r = results.get(b.key) or Result(status="failed", error="no result")
+        rows.append({"benchmark": b.benchmark, "block_id": b.block_id, "analyzer": analyzer,
+                     "cycles": float(r.cycles) if r.status == "ok" else float("nan"),
+                     "status": r.status, "error": r.error, "seconds": float(r.seconds)})
+    df = pd.DataFrame(rows, columns=PREDICTION_COLUMNS)
+    return df.astype({"block_id": "int64", "cycles": "float64", "seconds": "float64"})

@@ -1,0 +1,166 @@
+"""Where measurements come from: this CPU (the harness) or a simulated machine, behind one API.
+
+Every stage of the pipeline (singletons, Palmed's stages, validation) asks a ``Measurer`` for
+the cycles of a list of kernels. It answers from the measurement database when the kernel was
+already measured on this machine with the same parameters and harness, and measures the rest
+as one batch, stored as one new database part. So a rerun, or a rebuild from an archived
+database, measures nothing and gets the same numbers, which makes the model derivable from the
+raw rows alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cpumap.isa import catalogue
+from cpumap.measure import asmgen, campaign, harness
+from cpumap.measure.settings import BenchSettings, bench_settings
+from cpumap.measure.simulate import SimulatedMachine
+from cpumap.store import db
+
+SIMULATED_VERSION = "sim-1"  # plays the part of the harness version for simulated rows
+
+
+def measurement_key(bench: BenchSettings | Mapping, simulated: bool) -> tuple[str, str]:
+    """(params_id, harness version) that rows of this configuration carry in the DB."""
+    params = bench_settings(bench).measurement_params()
+    if simulated:
+        return db.params_id(params | {"backend": "simulated"}), SIMULATED_VERSION
+    return db.params_id(params), harness.HARNESS_VERSION
+
+
+def simulated_forms(sim: SimulatedMachine) -> pd.DataFrame:
+    """The catalogue of a simulated machine: every form of its mapping, all measurable."""
+    rows = [{c: "" for c in catalogue.COLUMNS} | {
+        "name": name, "code": name, "status": "ok", "mnemonic": name.split("_")[0],
+        "category": "simulated", "encoding": "SIMULATED", "extension": sim.kind,
+        "gas": "n/a", "att_template": name, "att_example": name,
+    } for name in sorted(sim.forms)]
+    df = pd.DataFrame(rows, columns=catalogue.COLUMNS)
+    for c in ("mem", "reads_flags", "writes_flags"):
+        df[c] = False
+    return df
+
+
+def simulated_rows(kernels: list[str], sim: SimulatedMachine, machine_id: str,
+                   bench: BenchSettings, batch_id: str) -> pd.DataFrame:
+    """DB rows of kernels answered by a simulated machine: one exact (or noisy) row each."""
+    params = bench.measurement_params() | {"backend": "simulated"}
+    now = pd.Timestamp(datetime.now(UTC)).floor("us")
+    rows = []
+    for text, cycles in zip(kernels, sim.measure(kernels), strict=True):
+        k = asmgen.parse_canonical(text)
+        canon = asmgen.canonical(k)
+        rows.append(campaign.base_row(machine_id, batch_id, params, canon, sum(k.values()),
+                                      backend="simulated", version=SIMULATED_VERSION) | {
+            "rep": 0, "status": "ok", "error": "", "clock": "simulated", "insn_source": "simulated",
+            "ticks1": 0, "ticks2": 0, "cycles1": -1, "cycles2": -1, "calib_ratio": np.nan,
+            "instances": 1, "instructions": sum(k.values()), "cycles": cycles,
+            "cycles_per_instance": cycles, "timestamp": now,
+        })
+    return db.conform(pd.DataFrame(rows))
+
+
+class MeasuringDisabledError(RuntimeError):
+    """Measuring is off (config ``measure: false``) and the database lacks some kernels."""
+
+
+def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
+               bench: BenchSettings | Mapping, workdir: Path, batch_id: str, *,
+               harness_bin: Path | None = None,
+               sim: SimulatedMachine | None = None, skip: set[str] | frozenset[str] = frozenset(),
+               progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """DB rows of one batch from either backend; kernels whose id is in ``skip`` (already in
+    the database) produce no rows. The one place that decides simulated versus native."""
+    bench = bench_settings(bench)
+    if sim is not None:
+        todo = [k for k in kernels
+                if asmgen.kernel_id(asmgen.canonical(asmgen.parse_canonical(k))) not in skip]
+        return simulated_rows(todo, sim, machine["machine_id"], bench, batch_id)
+    if harness_bin is None:
+        raise ValueError("the native backend needs the harness binary")
+    return campaign.measure_batch(kernels, forms, machine, bench, workdir, harness_bin,
+                                  batch_id, progress=progress, skip=skip)
+
+
+class Measurer:
+    """Cycles per instance of kernels for one machine, from the DB or measured now.
+
+    With ``measure=False`` nothing is ever measured: a kernel with no row at all in the
+    database raises MeasuringDisabledError naming it (a kernel whose rows all failed is left
+    out, as it was when it was measured), so a re-derivation from archived rows cannot
+    quietly turn into a new measuring campaign.
+    """
+
+    def __init__(self, machine: dict, forms: pd.DataFrame, bench: BenchSettings | Mapping,
+                 db_dir: Path, workdir: Path, *, harness_bin: Path | None = None,
+                 sim: SimulatedMachine | None = None, log: Callable[[str], None] | None = None,
+                 remeasure: bool = False, measure: bool = True):
+        self.machine, self.forms, self.bench = machine, forms, bench_settings(bench)
+        self.db_dir, self.workdir = Path(db_dir), Path(workdir)
+        self.harness_bin, self.sim = harness_bin, sim
+        self.log = log or (lambda _m: None)
+        self.remeasure = remeasure
+        self.allow_measure = measure
+        self._tried: set[str] = set()
+        self.machine_id = machine["machine_id"]
+        self.params_id, self.version = measurement_key(self.bench, sim is not None)
+        self._known: dict[str, float] | None = None
+        self.measured_now = 0
+
+    def known(self) -> dict[str, float]:
+        """Median cycles per instance of every ok kernel in the DB for this machine/params."""
+        if self._known is None:
+            rows = db.load(self.db_dir, machine_id=self.machine_id)
+            rows = rows[(rows.params_id == self.params_id)
+                        & (rows.harness_version == self.version)]
+            agg = db.aggregate(rows)
+            self._tried = set(rows.kernel.astype(str))
+            self._known = {} if self.remeasure and self.allow_measure else dict(
+                zip(agg.kernel, agg.cycles_per_instance_median.astype(float), strict=True))
+        return self._known
+
+    def measure(self, kernels: list[str], stage: str) -> dict[str, float]:
+        """Cycles of each kernel (canonical text); failed kernels are left out."""
+        canon = list(dict.fromkeys(asmgen.canonical(asmgen.parse_canonical(k))
+                                   for k in kernels))
+        known = self.known()
+        todo = [k for k in canon if k not in known]
+        if not self.remeasure:
+            # rows that all failed: measured already (and failed), not measured again, so
+            # that a rebuild from the DB asks for nothing new
+            todo = [k for k in todo if k not in self._tried]
+        if not self.allow_measure:
+            missing = [k for k in todo if k not in self._tried]
+            if missing:
+                raise MeasuringDisabledError(
+                    f"{stage}: measuring is off (measure: false) and the database "
+                    f"{self.db_dir} has no rows for {len(missing)} kernel(s) of "
+                    f"{self.machine_id}: {', '.join(missing[:20])}"
+                    + (" ..." if len(missing) > 20 else ""))
+            todo = []
+        if todo:
+            digest = hashlib.sha256("\n".join(todo).encode()).hexdigest()[:8]
+            batch_id = f"{stage}-{digest}"
+            self.log(f"{stage}: measuring {len(todo)} kernels ({len(canon) - len(todo)} "
+                     "already in the database)")
+            rows = batch_rows(todo, self.forms, self.machine, self.bench,
+                              self.workdir / batch_id, batch_id, harness_bin=self.harness_bin,
+                              sim=self.sim, progress=self.log)
+            if db.part_path(self.db_dir, batch_id).exists():
+                # same kernels measured by an interrupted earlier run: keep both, new name
+                batch_id = f"{batch_id}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"
+                rows["batch_id"] = batch_id
+            db.append(self.db_dir, rows, batch_id)
+            self.measured_now += len(todo)
+            self._tried |= set(todo)
+            agg = db.aggregate(rows)
+            known.update(zip(agg.kernel, agg.cycles_per_instance_median.astype(float),
+                             strict=True))
+        return {k: known[k] for k in canon if k in known}

@@ -1,0 +1,414 @@
+"""Build and supervise the `papi_bench` measuring harness.
+
+The C harness (harness/papi_bench.c) measures one batch shared object and already survives
+kernels that fault or run too long (it reports them as `fail` lines).  What it cannot survive
+is a kernel that takes the whole process down (a `kill` or `exit` system call, a corrupted
+heap, signals blocked while looping).  `run_batch` therefore runs it as a child, parses its
+output as it streams, and when the child dies or goes silent it blames the kernel that was in
+flight and restarts the child after it, so one bad kernel never costs the rest of the batch.
+
+Output format and exit codes: CONTRACTS "Harness CLI".  Converting a row to core cycles:
+`row_cycles`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import selectors
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HARNESS_DIR = Path(__file__).resolve().parents[3] / "harness"
+HARNESS_SRC = HARNESS_DIR / "papi_bench.c"
+CLOCK_HEADER = HARNESS_DIR / "cpumap_clock.h"
+
+
+def _source_hash(*paths: Path) -> str:
+    """Short hash of the harness C sources, so every measurement row names the code that made it."""
+    digest = hashlib.sha256()
+    try:
+        for path in paths:
+            digest.update(path.read_bytes())
+    except OSError:
+        return "unknown"
+    return digest.hexdigest()[:12]
+
+
+HARNESS_VERSION = _source_hash(HARNESS_SRC, CLOCK_HEADER)
+
+CLOCKS = ("auto", "tsc", "papi")
+CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra")
+LIBS = ("-lpapi", "-ldl")
+WATCHDOG_MARGIN_S = 5.0
+_STDERR_CAP = 64 * 1024
+
+
+class HarnessError(RuntimeError):
+    """The harness could not be built or run, or printed something that is not the contract."""
+
+
+@dataclass
+class BatchResult:
+    """Everything one batch run produced.
+
+    rows: one dict per kernel repetition with the keys of the `row` line (index, id, rep,
+    ticks1, ticks2, cycles1, cycles2, insns1, insns2) plus calib_ratio, the mean of the
+    calibrations of the harness process that measured it (a batch may take several processes
+    when kernels crash it).  failures: kernel index -> reason (SIGSEGV, timeout, "harness
+    crashed: ...", "hang: ...").  calib_before is the first process's, calib_after the last's.
+    """
+
+    clock: str
+    insn_source: str
+    calib_before: float
+    calib_after: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    failures: dict[int, str] = field(default_factory=dict)
+    restarts: int = 0
+    stderr: str = ""
+
+    def cycles(self, row: Mapping[str, Any]) -> float:
+        """Core cycles of the f2 - f1 difference of one row (its own process's ratio)."""
+        return row_cycles(row, self.clock, row.get("calib_ratio", calib_ratio(self)))
+
+
+def _mean_ratio(before: float, after: float | None) -> float:
+    return before if after is None else (before + after) / 2.0
+
+
+def calib_ratio(result: BatchResult) -> float:
+    """Core cycles per TSC tick over a batch: the mean of the calibrations before and after."""
+    return _mean_ratio(result.calib_before, result.calib_after)
+
+
+def row_cycles(row: Mapping[str, Any], clock: str, ratio: float) -> float:
+    """Core cycles of f2 - f1 for one row.
+
+    With clock 'papi' the counted cycles are used and `ratio` is ignored; with
+    'tsc-calibrated' the tick difference is scaled by `ratio` (core cycles per tick).
+    """
+    if clock == "papi":
+        return float(row["cycles2"] - row["cycles1"])
+    if clock == "tsc-calibrated":
+        return (row["ticks2"] - row["ticks1"]) * ratio
+    raise ValueError(f"unknown clock {clock!r}")
+
+
+def _default_build_dir() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "cpumap" / f"harness-{HARNESS_VERSION}"
+
+
+def build_c_program(source: Path, out: Path, *, cflags: tuple[str, ...],
+                    libs: tuple[str, ...], cc: str = "gcc") -> Path:
+    """Compile one C program that includes cpumap_clock.h into `out` (reused when newer than
+    both sources); return `out`.
+
+    The binary is written to a temporary name and renamed, so a concurrent or interrupted build
+    never leaves a half-written executable behind.
+    """
+    source, out = Path(source), Path(out)
+    header = source.parent / CLOCK_HEADER.name
+    newest = max(source.stat().st_mtime, header.stat().st_mtime if header.exists() else 0.0)
+    if out.exists() and out.stat().st_mtime >= newest:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        cmd = [cc, *cflags, "-I", str(source.parent), "-o", str(tmp), str(source), *libs]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise HarnessError(f"building {source} failed:\n{proc.stderr}")
+        tmp.chmod(0o755)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def build_harness(out_dir: Path, *, source: Path = HARNESS_SRC, cc: str = "gcc") -> Path:
+    """Compile papi_bench into out_dir; return its path."""
+    return build_c_program(source, Path(out_dir) / "papi_bench", cflags=CFLAGS, libs=LIBS, cc=cc)
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+@dataclass
+class _Segment:
+    """What one harness process reported while measuring kernels start..end-1."""
+
+    start: int
+    end: int
+    next_index: int = 0  # the kernel in flight: the first one neither measured nor failed
+    clock: str | None = None
+    insn_source: str | None = None
+    calib_before: float | None = None
+    calib_after: float | None = None
+    kcalib: dict[int, float] = field(default_factory=dict)  # per-kernel calibration
+    iters: dict[int, int] = field(default_factory=dict)  # iterations used, when reported
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)  # rows of the kernel in flight
+    failures: dict[int, str] = field(default_factory=dict)
+    done: bool = False
+    n_ok: int = 0
+
+
+_ROW_INT_FIELDS = ("ticks1", "ticks2", "cycles1", "cycles2", "insns1", "insns2")
+
+
+class _Parser:
+    """Checks each line of one child's output against the contract and files it in a _Segment."""
+
+    def __init__(self, seg: _Segment, reps: int, where: str,
+                 on_kernel: Callable[[], None]) -> None:
+        self.seg, self.reps, self.where, self.on_kernel = seg, reps, where, on_kernel
+        self.lineno = 0
+
+    def error(self, line: str, problem: str) -> HarnessError:
+        return HarnessError(f"{self.where}: output line {self.lineno} {line!r}: {problem}")
+
+    def feed(self, line: str) -> None:
+        self.lineno += 1
+        seg = self.seg
+        f = line.split("\t")
+        try:
+            kind = f[0]
+            if seg.done:
+                raise ValueError("output after the done line")
+            if kind == "clock" and len(f) == 3:
+                if f[1] not in ("papi", "tsc-calibrated") or f[2] not in ("counted", "derived"):
+                    raise ValueError("unknown clock or instruction source")
+                seg.clock, seg.insn_source = f[1], f[2]
+            elif kind == "calib" and len(f) == 5:
+                ratio, ticks, adds = float(f[2]), int(f[3]), int(f[4])
+                if not (math.isfinite(ratio) and ratio > 0 and ticks > 0 and adds > 0):
+                    raise ValueError("calibration values must be positive")
+                if f[1] == "before":
+                    seg.calib_before = ratio
+                elif f[1] == "after":
+                    seg.calib_after = ratio
+                else:
+                    raise ValueError("calib must be before or after")
+            elif kind == "kcalib" and len(f) == 4:
+                index, ticks, adds = self._in_flight(f[1]), int(f[2]), int(f[3])
+                if not (ticks > 0 and adds > 0):
+                    raise ValueError("calibration values must be positive")
+                seg.kcalib[index] = adds / ticks
+            elif kind == "iters" and len(f) == 3:
+                index, n = self._in_flight(f[1]), int(f[2])
+                if n < 1:
+                    raise ValueError("iterations must be positive")
+                seg.iters[index] = n
+            elif kind == "row" and len(f) == 10:
+                self._row(f)
+            elif kind == "fail" and len(f) == 4:
+                index = self._in_flight(f[1])
+                if seg.pending:
+                    raise ValueError("fail after some rows of the same kernel")
+                seg.failures[index] = f[3]
+                self._finish_kernel()
+            elif kind == "done" and len(f) == 3:
+                n_ok, n_failed = int(f[1]), int(f[2])
+                if seg.next_index != seg.end or (n_ok, n_failed) != (seg.n_ok, len(seg.failures)):
+                    raise ValueError("done does not match the kernels reported")
+                if seg.calib_before is None or seg.calib_after is None:
+                    raise ValueError("done without both calib lines")
+                seg.done = True
+            else:
+                raise ValueError("unknown record or wrong number of fields")
+            if kind != "clock" and seg.clock is None:
+                raise ValueError("record before the clock line")
+        except ValueError as exc:
+            raise self.error(line, str(exc)) from None
+
+    def _in_flight(self, text: str) -> int:
+        index = int(text)
+        if index != self.seg.next_index or index >= self.seg.end:
+            raise ValueError(f"kernel {index} reported, kernel {self.seg.next_index} expected")
+        return index
+
+    def _row(self, f: list[str]) -> None:
+        seg = self.seg
+        index = self._in_flight(f[1])
+        rep = int(f[3])
+        if rep != len(seg.pending):
+            raise ValueError(f"repetition {rep} reported, {len(seg.pending)} expected")
+        row: dict[str, Any] = {"index": index, "id": f[2], "rep": rep}
+        row.update(zip(_ROW_INT_FIELDS, map(int, f[4:10]), strict=True))
+        seg.pending.append(row)
+        if len(seg.pending) == self.reps:
+            seg.rows.extend(seg.pending)
+            seg.pending = []
+            seg.n_ok += 1
+            self._finish_kernel()
+
+    def _finish_kernel(self) -> None:
+        self.seg.next_index += 1
+        self.on_kernel()
+
+
+def _run_segment(cmd: list[str], seg: _Segment, reps: int, watchdog_s: float,
+                 on_kernel: Callable[[], None]) -> tuple[int | None, float, str]:
+    """Run one harness process to its end, feeding its lines to a parser.
+
+    Returns (returncode, seconds of silence if the watchdog killed it else 0, stderr text).
+    The watchdog kills the child when it prints nothing for watchdog_s seconds: its own
+    per-kernel timer has then failed (e.g. the kernel blocked SIGALRM).
+    """
+    parser = _Parser(seg, reps, cmd[0], on_kernel)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    out_buf, err_buf = b"", b""
+    silent_for = 0.0
+    last_output = time.monotonic()
+    try:
+        while sel.get_map():
+            remaining = last_output + watchdog_s - time.monotonic()
+            if remaining <= 0:
+                silent_for = time.monotonic() - last_output
+                proc.kill()
+                break
+            for key, _ in sel.select(timeout=remaining):
+                data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+                if not data:
+                    sel.unregister(key.fileobj)
+                elif key.data == "err":
+                    err_buf = (err_buf + data)[-_STDERR_CAP:]
+                else:
+                    last_output = time.monotonic()
+                    out_buf += data
+                    *lines, out_buf = out_buf.split(b"\n")
+                    for line in lines:
+                        parser.feed(line.decode("utf-8", errors="replace"))
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        sel.close()
+        returncode = proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return (None if silent_for else returncode), silent_for, err_buf.decode(errors="replace")
+
+
+def run_batch(
+    so_path: Path,
+    n_kernels: int,
+    *,
+    reps: int,
+    warmup: int,
+    cpu: int | None,
+    timeout_s: float,
+    clock: str = "auto",
+    harness_bin: Path | None = None,
+    progress: Callable[[int], None] | None = None,
+    watchdog_margin_s: float = WATCHDOG_MARGIN_S,
+    calib_adds: int | None = None,
+    max_call_us: int = 0,
+) -> BatchResult:
+    """Measure kernels 0..n_kernels-1 of a batch .so; survive kernels that kill the harness.
+
+    timeout_s is the harness's own per-kernel limit (warm-up and repetitions together); a child
+    silent for 2 * timeout_s + watchdog_margin_s is killed and its kernel in flight recorded as
+    a "hang".  progress(n_finished) is called after each kernel, measured or failed.
+    cpu None lets the harness pick the last CPU this process may run on.
+    """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
+    if reps < 1 or warmup < 0 or n_kernels < 0 or timeout_s <= 0:
+        raise ValueError("need reps >= 1, warmup >= 0, n_kernels >= 0, timeout_s > 0")
+    binary = Path(harness_bin) if harness_bin is not None else build_harness(_default_build_dir())
+    watchdog_s = 2 * timeout_s + watchdog_margin_s
+    finished = 0
+
+    def on_kernel() -> None:
+        nonlocal finished
+        finished += 1
+        if progress is not None:
+            progress(finished)
+
+    result: BatchResult | None = None
+    stderr_parts: list[str] = []
+    start = 0
+    while True:
+        seg = _Segment(start=start, end=n_kernels, next_index=start)
+        cmd = [str(binary), "--so", str(so_path), "--reps", str(reps), "--warmup", str(warmup),
+               "--timeout-ms", str(max(1, round(timeout_s * 1000))), "--start", str(start),
+               "--count", str(n_kernels - start), "--clock", clock]
+        if cpu is not None:
+            cmd += ["--cpu", str(cpu)]
+        if calib_adds is not None:
+            cmd += ["--calib-adds", str(calib_adds)]
+        if max_call_us > 0:
+            cmd += ["--max-call-us", str(int(max_call_us))]
+        returncode, silent_for, err = _run_segment(cmd, seg, reps, watchdog_s, on_kernel)
+        if err:
+            stderr_parts.append(err)
+
+        if seg.clock is None or seg.calib_before is None:
+            # It died before measuring anything: the harness or the .so is at fault, not a kernel.
+            how = f"silent for {silent_for:.1f} s" if returncode is None else \
+                _describe_exit(returncode)
+            raise HarnessError(f"{binary} on {so_path} failed before measuring ({how}): "
+                               f"{err.strip()}")
+        if result is None:
+            result = BatchResult(clock=seg.clock, insn_source=seg.insn_source or "",
+                                 calib_before=seg.calib_before, calib_after=seg.calib_before)
+        elif (seg.clock, seg.insn_source) != (result.clock, result.insn_source):
+            raise HarnessError(f"clock changed between harness restarts: {seg.clock} "
+                               f"({seg.insn_source}) after {result.clock} ({result.insn_source})")
+        ratio = _mean_ratio(seg.calib_before, seg.calib_after)
+        for row in seg.rows:
+            # the kernel's own calibration, taken right before it, tracks clock drift best
+            row["calib_ratio"] = seg.kcalib.get(row["index"], ratio)
+            if row["index"] in seg.iters:
+                row["iters"] = seg.iters[row["index"]]
+        result.rows.extend(seg.rows)
+        result.failures.update(seg.failures)
+        if seg.calib_after is not None:
+            result.calib_after = seg.calib_after
+
+        if seg.done:
+            if returncode != 0:
+                raise HarnessError(f"{binary}: done line but {_describe_exit(returncode or 0)}")
+            break
+        # Abnormal end: blame the kernel in flight and go on after it.  When no kernel was in
+        # flight (it died after the last one) the restart with --count 0 only recalibrates.
+        if seg.next_index < n_kernels:
+            if returncode is None:
+                reason = f"hang: no output for {silent_for:.1f} s, harness killed"
+            else:
+                reason = f"harness crashed: {_describe_exit(returncode)}"
+            result.failures[seg.next_index] = reason
+            on_kernel()
+            start = seg.next_index + 1
+        else:
+            start = n_kernels
+        result.restarts += 1
+        if result.restarts > n_kernels + 1:
+            raise HarnessError(f"{binary} keeps dying on {so_path}: {err.strip()}")
+
+    assert result is not None
+    result.stderr = "".join(stderr_parts)[-_STDERR_CAP:]
+    return result

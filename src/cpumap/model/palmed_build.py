@@ -1,0 +1,346 @@
+"""Palmed's stages as resumable steps whose state is a JSON file (one pipeline job each).
+
+``cpumap.model.palmed`` holds the algorithm, stage by stage; this module strings the stages
+together.
+``build_model`` runs them all in one process (tests, the simulated-machine benchmarks); the
+pipeline runs each as its own Snakemake job, the two large planned stages as checkpoints whose
+kernels are measured by parallel batch jobs (workflow/rules/model.smk):
+
+==========  ==========================================  =====================================
+stage       what it does                                pipeline job
+==========  ==========================================  =====================================
+singletons  every form alone (missing ones measured)    checkpoint ``palmed_pairs``, which
+pairs       balanced pairs of the pair candidates       also plans the pairs; batches measured
+                                                        by ``palmed_measure``
+basic       classes of alike forms, basic instructions  ``palmed_basic``
+core        core mapping: cutting-plane loop, measures  ``palmed_core``
+            its own rounds (each depends on an LP)
+mapping     saturating kernels, every form against      checkpoint ``palmed_mapping``; batches
+            every saturating kernel                     measured by ``palmed_measure``
+remaining   per-form LPs, refinement rounds (measure    ``fit_model``
+            their own kernels), model.json
+==========  ==========================================  =====================================
+
+The state does not hold measurements: it lists the kernels each stage asked for, and a job
+that loads it asks ``measure`` for all of them again (the Measurer answers from the database,
+measuring nothing). So every stage sees exactly the measurements it would see in one process,
+the model comes out identical either way, and it can be rebuilt from the raw rows alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpumap.model.palmed import (
+    Basic,
+    Core,
+    PalmedConfig,
+    _LPStats,
+    _text,
+    fit_core,
+    fit_remaining,
+    interacting_pairs,
+    pair_candidates,
+    select_basic,
+    select_mapping_kernels,
+    select_pairs,
+    select_saturating,
+    singleton_kernels,
+)
+from cpumap.model.resmodel import ResourceModel
+from cpumap.store.files import write_json_atomic
+
+Measure = Callable[[list[str]], Sequence[float]]
+Log = Callable[[str], None]
+
+#: Stages in order; ``Build.done`` lists those finished.
+STAGES = ("singletons", "pairs", "basic", "core", "mapping", "remaining")
+STATE_VERSION = 1
+
+
+def _nolog(_: str) -> None:
+    pass
+
+
+def _config_from(d: Mapping[str, Any]) -> PalmedConfig:
+    return PalmedConfig(**{k: tuple(v) if k == "betas" else v for k, v in d.items()})
+
+
+@dataclass
+class Build:
+    """Everything one stage hands to the next (``meas`` is rebuilt by ``load``, not saved)."""
+
+    config: PalmedConfig
+    forms: list[str]
+    meas: dict[str, float] = field(default_factory=dict)
+    #: stage -> kernels it asked for that no earlier stage had (in asking order)
+    asked: dict[str, list[str]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    wall: dict[str, float] = field(default_factory=dict)
+    lp: dict[str, dict[str, float]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    candidates: list[str] = field(default_factory=list)
+    basic: Basic | None = None
+    core: Core | None = None
+    done: list[str] = field(default_factory=list)
+    #: the caller's notes, carried from stage to stage (e.g. the forms left out and why)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ measuring
+
+    def run(self, stage: str, kernels: Sequence[str], measure: Measure, log: Log) -> None:
+        """Measure the kernels of ``kernels`` not known yet, as one round of ``stage``."""
+        todo = sorted({k for k in kernels if k not in self.meas})
+        if todo:
+            self.calls[stage] = self.calls.get(stage, 0) + 1
+            self._store(todo, measure(list(todo)))
+            self.asked.setdefault(stage, []).extend(todo)
+        self.counts[stage] = self.counts.get(stage, 0) + len(todo)
+        log(f"{stage}: measured {len(todo)} kernels")
+
+    def _store(self, kernels: Sequence[str], values: Sequence[float]) -> None:
+        if len(values) != len(kernels):
+            raise RuntimeError(f"measure returned {len(values)} values for {len(kernels)}")
+        for k, v in zip(kernels, values, strict=True):
+            # a kernel that could not be measured stays known as NaN: never asked again,
+            # left out of every LP (on hardware a few mixed memory kernels fail)
+            ok = math.isfinite(v) and v > 0
+            self.meas[k] = float(v) if ok else math.nan
+            if not ok:
+                self.failed.append(k)
+
+    @property
+    def singletons(self) -> dict[str, float]:
+        return {f: self.meas[_text({f: 1})] for f in self.forms}
+
+    def _finish(self, stage: str, t0: float) -> None:
+        self.wall[stage] = self.wall.get(stage, 0.0) + time.perf_counter() - t0
+        self.done.append(stage)
+
+    def _need(self, stage: str) -> None:
+        i = STAGES.index(stage)
+        if self.done != list(STAGES[:i]):
+            raise RuntimeError(f"Palmed stage {stage} needs {list(STAGES[:i])} done first; "
+                               f"done: {self.done}")
+
+    # ------------------------------------------------------------------ stages
+
+    @classmethod
+    def start(cls, forms: Sequence[str], measure: Measure, config: PalmedConfig | None = None,
+              log: Log = _nolog) -> Build:
+        """Stage 1: every form alone; forms whose singleton failed are dropped."""
+        t0 = time.perf_counter()
+        b = cls(config=config or PalmedConfig(), forms=sorted(set(forms)))
+        b.run("singletons", singleton_kernels(b.forms), measure, log)
+        ok = [f for f in b.forms if math.isfinite(b.meas[_text({f: 1})])]
+        b.dropped = [f for f in b.forms if f not in ok]
+        b.forms = ok
+        if len(ok) < 2:
+            raise RuntimeError(f"fewer than two forms measured ok (failed: {b.dropped})")
+        b.candidates = pair_candidates(b.singletons, b.config.max_pair_forms)
+        b._finish("singletons", t0)
+        return b
+
+    def pair_kernels(self, probes: Sequence[str] | None = None) -> list[str]:
+        """The balanced pairs stage 2 measures (those not known yet)."""
+        s = self.singletons
+        cand_t = {f: s[f] for f in self.candidates}
+        return [k for k in select_pairs(cand_t, max_mult=self.config.max_mult, probes=probes)
+                if k not in self.meas]
+
+    def pairs(self, measure: Measure, log: Log = _nolog,
+              probes: Sequence[str] | None = None) -> None:
+        self._need("pairs")
+        t0 = time.perf_counter()
+        self.run("pairs", self.pair_kernels(probes), measure, log)
+        self._finish("pairs", t0)
+
+    def classes(self, log: Log = _nolog) -> None:
+        """Stage 3: classes of forms that behave alike and the basic instructions."""
+        self._need("basic")
+        t0 = time.perf_counter()
+        s = self.singletons
+        cand_t = {f: s[f] for f in self.candidates}
+        self.basic = select_basic(cand_t, self.meas, tol=self.config.tol,
+                                  max_basic=self.config.max_basic, max_mult=self.config.max_mult)
+        log(f"classes: {len(self.basic.classes)}; basic: {' '.join(self.basic.basic)}")
+        self._finish("basic", t0)
+
+    def core_mapping(self, measure: Measure, log: Log = _nolog) -> None:
+        """Stage 4: the core loop, one measurement round per pass (each depends on an LP)."""
+        self._need("core")
+        assert self.basic is not None
+        t0 = time.perf_counter()
+        st = _LPStats()
+        state: list[Any] = []
+        while True:
+            step = fit_core(self.basic, self.singletons, self.meas, state=state,
+                            config=self.config, log=log, lp_stats=st)
+            state = step.state
+            if step.done:
+                break
+            self.run("core", step.need, measure, log)
+        self.core = step.result
+        self.lp["core"] = {"solves": st.solves, "seconds": st.seconds}
+        self._finish("core", t0)
+
+    def _mapping_sets(self) -> tuple[list[str], list[str]]:
+        """Stages 5-6: the saturating kernels, and every form against each of them."""
+        assert self.core is not None
+        s = self.singletons
+        saturating = select_saturating(self.core, self.meas, s, self.config)
+        return ([_text(k) for k, _ in saturating],
+                select_mapping_kernels(saturating, self.forms, s, self.meas, self.config))
+
+    def mapping_kernels(self) -> list[str]:
+        """The kernels stages 5-6 measure (those not known yet)."""
+        sat, mixes = self._mapping_sets()
+        return sorted(k for k in set(sat) | set(mixes) if k not in self.meas)
+
+    def mapping(self, measure: Measure, log: Log = _nolog) -> None:
+        self._need("mapping")
+        t0 = time.perf_counter()
+        sat, mixes = self._mapping_sets()
+        # run() skips what is known: the saturating kernels among the mixes count once
+        self.run("saturating", sat, measure, log)
+        self.run("mapping", mixes, measure, log)
+        self._finish("mapping", t0)
+
+    def remaining(self, measure: Measure, log: Log = _nolog,
+                  provenance: Mapping[str, Any] | None = None,
+                  ) -> tuple[ResourceModel, dict[str, Any]]:
+        """Stage 7: per-form LPs and refinement rounds; the model and the statistics.
+
+        The model's provenance holds only deterministic facts (config, basic instructions,
+        classes, defining and saturating kernels, kernel counts), so that rebuilding from the
+        same measurements gives an identical file; timings go to the statistics.
+        """
+        self._need("remaining")
+        assert self.core is not None and self.basic is not None
+        t0 = time.perf_counter()
+        st = _LPStats()
+        state: list[Any] = []
+        while True:
+            step = fit_remaining(self.core, self.forms, self.singletons, self.meas, state=state,
+                                 classes=self.basic.classes, config=self.config, log=log,
+                                 lp_stats=st)
+            state = step.state
+            if step.done:
+                break
+            self.run("refine", step.need, measure, log)
+        rho_idx, defining, saturating = step.result
+        self.lp["remaining"] = {"solves": st.solves, "seconds": st.seconds}
+        self._finish("remaining", t0)
+
+        core, basic, singletons = self.core, self.basic, self.singletons
+        names = [f"R{r:02d}" for r in range(len(defining))]
+        rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())}
+               for f in self.forms}
+        model = ResourceModel(
+            resources=names, rho=rho,
+            provenance={
+                "method": "palmed",
+                "config": self.config.as_dict(),
+                "basic": basic.basic,
+                "classes": {rep: members for rep, members in sorted(basic.classes.items())
+                            if len(members) > 1},
+                "n_classes": len(basic.classes),
+                "resources": {n: {"defining": _text(d), "saturating": _text(s),
+                                  "stage": "core" if i < core.n_resources else "refine"}
+                              for i, (n, d, s) in enumerate(zip(names, defining, saturating,
+                                                                strict=True))},
+                "kernels": dict(self.counts),
+                # pairs slower together than in sequence: kernels holding one are outside
+                # what a resource model can predict (predictions for them are flagged)
+                "interacting": sorted(sorted(p) for p in interacting_pairs(
+                    {f: singletons[f] for f in self.candidates}, self.meas,
+                    self.config.tol, self.config.max_mult)),
+                **dict(provenance or {}),
+            })
+        stats = {"kernels": dict(self.counts), "total_kernels": sum(self.counts.values()),
+                 "measure_rounds": dict(self.calls), "n_forms": len(self.forms),
+                 "failed_kernels": len(self.failed), "failed_singletons": self.dropped,
+                 "n_pair_forms": len(self.candidates), "lp": dict(self.lp),
+                 "wall_seconds": dict(self.wall), "n_resources": len(names),
+                 "n_core_resources": core.n_resources, "n_basic": len(basic.basic),
+                 "n_classes": len(basic.classes)}
+        return model, stats
+
+    # ------------------------------------------------------------------ state file
+
+    def as_dict(self) -> dict[str, Any]:
+        core = None
+        if self.core is not None:
+            c = self.core
+            core = {"basic": c.basic, "defining": c.defining,
+                    "rho": {f: {str(r): v for r, v in sorted(u.items())}
+                            for f, u in sorted(c.rho.items())},
+                    "tests": c.tests, "t_defining": c.t_defining}
+        return {"version": STATE_VERSION, "config": self.config.as_dict(), "forms": self.forms,
+                "done": self.done, "asked": self.asked, "counts": self.counts,
+                "calls": self.calls, "wall_seconds": self.wall, "lp": self.lp,
+                "dropped": self.dropped, "candidates": self.candidates,
+                "basic": self.basic.as_dict() if self.basic else None, "core": core,
+                "info": self.info}
+
+    def save(self, path: Path) -> None:
+        write_json_atomic(self.as_dict(), path)
+
+    @classmethod
+    def load(cls, path: Path, measure: Measure, config: PalmedConfig | None = None) -> Build:
+        """The state saved by the previous stage's job, its measurements asked again.
+
+        ``config``, when given, must equal the saved one: a stage fitted with other knobs
+        than its predecessors would mix two builds.
+        """
+        with open(path, encoding="utf-8") as handle:
+            d = json.load(handle)
+        if d.get("version") != STATE_VERSION:
+            raise RuntimeError(f"{path}: Palmed state version {d.get('version')}, "
+                               f"expected {STATE_VERSION}: rerun the model stages")
+        cfg = _config_from(d["config"])
+        if config is not None and config != cfg:
+            raise RuntimeError(f"{path} was built with {cfg}, this stage runs with {config}")
+        core = None
+        if d["core"] is not None:
+            c = d["core"]
+            core = Core(basic=c["basic"], defining=[dict(k) for k in c["defining"]],
+                        rho={f: {int(r): float(v) for r, v in u.items()}
+                             for f, u in c["rho"].items()},
+                        tests=list(c["tests"]), t_defining=[float(t) for t in c["t_defining"]])
+        b = cls(config=cfg, forms=list(d["forms"]), asked={k: list(v) for k, v in
+                                                         d["asked"].items()},
+                counts=dict(d["counts"]), calls=dict(d["calls"]), failed=[],
+                wall=dict(d["wall_seconds"]), lp=dict(d["lp"]), dropped=list(d["dropped"]),
+                candidates=list(d["candidates"]),
+                basic=Basic(**d["basic"]) if d["basic"] else None, core=core,
+                done=list(d["done"]), info=dict(d["info"]))
+        kernels = [k for stage in d["asked"].values() for k in stage]
+        if kernels:
+            b._store(kernels, measure(kernels))
+        return b
+
+
+def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig | None = None,
+                log: Log = _nolog, probes: Sequence[str] | None = None,
+                provenance: Mapping[str, Any] | None = None,
+                ) -> tuple[ResourceModel, dict[str, Any]]:
+    """Run every stage against ``measure`` in this process; return the model and statistics.
+
+    ``stats``: kernels measured per stage (``kernels``), measurement rounds, LP solves and
+    seconds per fitting stage (``lp``), wall seconds per stage.
+    """
+    b = Build.start(forms, measure, config, log)
+    b.pairs(measure, log, probes)
+    b.classes(log)
+    b.core_mapping(measure, log)
+    b.mapping(measure, log)
+    return b.remaining(measure, log, provenance)

@@ -1,0 +1,73 @@
+"""Held-out validation of a resource model: random kernels, measured and predicted.
+
+The kernels are drawn independently of the ones Palmed chose (1 to 5 distinct forms with
+random multiplicities, from a fixed seed), so the errors say how the model does on kernels it
+never saw. IPC is compared rather than cycles because it is what the seed's evaluation uses:
+RMS relative error of IPC, and Kendall's tau of the IPC ranking (scipy).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+from scipy.stats import kendalltau
+
+from cpumap.measure import asmgen
+from cpumap.model import resmodel
+
+
+def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: int = 5,
+                   max_mult: int = 4) -> list[str]:
+    """``count`` distinct kernels (canonical texts) of 1..max_distinct forms, deterministic."""
+    rng = random.Random(seed)
+    pool = sorted(forms)
+    out: dict[str, None] = {}
+    attempts = 0
+    while len(out) < count and attempts < 100 * count:
+        attempts += 1
+        k = rng.randint(1, min(max_distinct, len(pool)))
+        kernel = {f: rng.randint(1, max_mult) for f in rng.sample(pool, k)}
+        out.setdefault(asmgen.canonical(kernel), None)
+    return list(out)
+
+
+def metrics(table: pd.DataFrame) -> dict[str, float]:
+    """Coverage-free metrics of a table with ``ipc_measured`` and ``ipc_predicted`` columns."""
+    ok = table.dropna(subset=["ipc_measured", "ipc_predicted"])
+    if ok.empty:
+        return {"kernels": 0, "rms_rel_error_ipc": math.nan, "mape_ipc": math.nan,
+                "kendall_tau": math.nan}
+    rel = (ok.ipc_predicted - ok.ipc_measured) / ok.ipc_measured
+    tau = kendalltau(ok.ipc_measured, ok.ipc_predicted).statistic if len(ok) > 1 else math.nan
+    return {"kernels": int(len(ok)), "rms_rel_error_ipc": float(np.sqrt(np.mean(rel ** 2))),
+            "mape_ipc": float(np.mean(np.abs(rel))), "kendall_tau": float(tau)}
+
+
+def interacting(model: resmodel.ResourceModel, kernel: Mapping[str, int]) -> bool:
+    """Whether the kernel holds a pair of forms the model's build found interacting (slower
+    together than in sequence: outside what a resource model predicts)."""
+    pairs = {frozenset(p) for p in model.provenance.get("interacting", [])}
+    return any(frozenset(p) in pairs for p in combinations(sorted(kernel), 2))
+
+
+def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
+             measure: Callable[[list[str]], Mapping[str, float]]) -> pd.DataFrame:
+    """Measured and predicted cycles and IPC of each kernel (failed measurements: NaN)."""
+    measured = measure(list(kernels))
+    rows = []
+    for text in kernels:
+        k = asmgen.parse_canonical(text)
+        n = sum(k.values())
+        pred, bottleneck = resmodel.predict(model, k)
+        meas = measured.get(asmgen.canonical(k), math.nan)
+        rows.append({"kernel": text, "n_insns": n, "cycles_measured": meas,
+                     "cycles_predicted": pred, "bottleneck": bottleneck,
+                     "interacting": interacting(model, k),
+                     "ipc_measured": n / meas if meas and meas > 0 else math.nan,
+                     "ipc_predicted": n / pred if pred > 0 else math.nan})
+    return pd.DataFrame(rows)
