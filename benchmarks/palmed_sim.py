@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
-from cpumap.measure.portmap import synthetic_mapping
-from cpumap.measure.simulate import SimulatedMachine
 from cpumap.model import palmed, resmodel
-from cpumap.model.palmed_build import build_model
+from cpumap.model.palmed.build import build_model
+from cpumap.model.portmap import synthetic_mapping
+from cpumap.model.simulate import SimulatedMachine
 
 
 def held_out(forms: list[str], count: int, seed: int) -> list[dict[str, int]]:

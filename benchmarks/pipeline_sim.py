@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from cpumap.measure.portmap import synthetic_mapping
+from cpumap.model.portmap import synthetic_mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")

@@ -11,7 +11,7 @@ with the environment variable CPUMAP_GDB_SPEC naming a JSON file:
      "loops": [{"block", "pred_last", "exit": int (ELF addresses), "reg": str, "step": int,
                 "width": 32|64}, ...]}
 
-Loops (cpumap.evaluate.counting.TripLoop): the register is read at the last instruction of the loop's
+Loops (cpumap.evaluate.flow.TripLoop): the register is read at the last instruction of the loop's
 predecessor and again at its exit block; (difference / step) is the number of executions of
 the loop block for that entry, summed into ``loop_counts``.
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpumap.measure import portmap
+from cpumap.model import portmap
 from cpumap.store import db
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -82,7 +82,7 @@ def test_tiny_pipeline_and_rerun(tmp_path, host):
 
 def test_simulated_pipeline_model_rebuilt_from_db(tmp_path):
     """Simulated machine end to end; the model is rebuilt from the DB alone, byte-identical."""
-    from cpumap.measure import portmap
+    from cpumap.model import portmap
 
     mapping = tmp_path / "toy.json"
     mapping.write_text(json.dumps(portmap.synthetic_mapping(n_ports=6, n_forms=24, seed=3)))

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from cpumap.measure import portmap
-from cpumap.measure.portmap import MappingError, PortMapping, schedule_cycles, synthetic_mapping
+from cpumap.model import portmap
+from cpumap.model.portmap import MappingError, PortMapping, schedule_cycles, synthetic_mapping
 
 PALMED_EXAMPLE = {
     "kind": "Mapping3",

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from cpumap.measure.portmap import synthetic_mapping
-from cpumap.measure.simulate import SimulatedMachine
 from cpumap.model import resmodel
+from cpumap.model.portmap import synthetic_mapping
 from cpumap.model.resmodel import ResourceModel, predict
+from cpumap.model.simulate import SimulatedMachine
 
 # The resource model of the Palmed paper's example: ADDSS on {p0,p1}, BSR on {p1}
 MODEL = ResourceModel(

@@ -1,5 +1,5 @@
 # Stage 3: the resource model (Palmed) of the measured forms, and its held-out validation.
-# One job per Palmed stage (cpumap.model.palmed_build); each hands the next a state file
+# One job per Palmed stage (cpumap.model.palmed.build); each hands the next a state file
 # (model/stages/<stage>.json: the kernels every stage asked for, classes, core mapping; no
 # measurements: each job reads those from the DB). The two planned stages are checkpoints whose
 # kernels are measured by parallel batch jobs (palmed_measure, as the singletons); the core

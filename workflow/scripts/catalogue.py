@@ -14,8 +14,8 @@ redirect_output(snakemake.log[0])
 from cpumap.isa.catalogue import build_catalogue
 from cpumap.measure.backend import simulated_forms
 from cpumap.measure.settings import BenchSettings
-from cpumap.measure.simulate import SimulatedMachine
 from cpumap.measure.smoke import SmokeRun
+from cpumap.model.simulate import SimulatedMachine
 from cpumap.store.files import write_parquet_atomic
 
 with open(snakemake.input.machine, encoding="utf-8") as handle:

@@ -41,7 +41,7 @@ elif name == "model":
 elif name == "native":
     from cpumap.measure.backend import Measurer
     from cpumap.measure.settings import BenchSettings
-    from cpumap.measure.simulate import SimulatedMachine
+    from cpumap.model.simulate import SimulatedMachine
 
     with open(snakemake.input.machine, encoding="utf-8") as handle:
         machine = json.load(handle)

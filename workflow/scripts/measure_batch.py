@@ -16,7 +16,7 @@ from cpumap.measure.asmgen import canonical, kernel_id, parse_canonical
 from cpumap.measure.backend import batch_rows, measurement_key
 from cpumap.measure.campaign import read_plan
 from cpumap.measure.settings import BenchSettings
-from cpumap.measure.simulate import SimulatedMachine
+from cpumap.model.simulate import SimulatedMachine
 from cpumap.store import db
 from cpumap.store.files import read_parquet_checked
 

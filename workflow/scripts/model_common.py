@@ -5,9 +5,9 @@ from pathlib import Path
 
 from cpumap.measure.backend import Measurer
 from cpumap.measure.settings import BenchSettings
-from cpumap.measure.simulate import SimulatedMachine
 from cpumap.model import jobs
 from cpumap.model.palmed import PalmedConfig
+from cpumap.model.simulate import SimulatedMachine
 from cpumap.store.files import read_parquet_checked
 
 

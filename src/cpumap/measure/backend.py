@@ -11,9 +11,10 @@ raw rows alone.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -21,10 +22,19 @@ import pandas as pd
 from cpumap.isa import catalogue
 from cpumap.measure import asmgen, campaign, harness
 from cpumap.measure.settings import BenchSettings, bench_settings
-from cpumap.measure.simulate import SimulatedMachine
 from cpumap.store import db
 
 SIMULATED_VERSION = "sim-1"  # plays the part of the harness version for simulated rows
+
+
+class Simulator(Protocol):
+    """A simulated machine as the backend sees it (:class:`cpumap.model.simulate.Simulator`:
+    its truth is a model, which sits on the floor above, so it is passed in, not imported)."""
+
+    forms: list[str]
+    kind: str
+
+    def measure(self, kernels: Iterable[str]) -> list[float]: ...
 
 
 def measurement_key(bench: BenchSettings | Mapping, simulated: bool) -> tuple[str, str]:
@@ -35,7 +45,7 @@ def measurement_key(bench: BenchSettings | Mapping, simulated: bool) -> tuple[st
     return db.params_id(params), harness.HARNESS_VERSION
 
 
-def simulated_forms(sim: SimulatedMachine) -> pd.DataFrame:
+def simulated_forms(sim: Simulator) -> pd.DataFrame:
     """The catalogue of a simulated machine: every form of its mapping, all measurable."""
     rows = [{c: "" for c in catalogue.COLUMNS} | {
         "name": name, "code": name, "status": "ok", "mnemonic": name.split("_")[0],
@@ -48,7 +58,7 @@ def simulated_forms(sim: SimulatedMachine) -> pd.DataFrame:
     return df
 
 
-def simulated_rows(kernels: list[str], sim: SimulatedMachine, machine_id: str,
+def simulated_rows(kernels: list[str], sim: Simulator, machine_id: str,
                    bench: BenchSettings, batch_id: str) -> pd.DataFrame:
     """DB rows of kernels answered by a simulated machine: one exact (or noisy) row each."""
     params = bench.measurement_params() | {"backend": "simulated"}
@@ -74,7 +84,7 @@ class MeasuringDisabledError(RuntimeError):
 def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                bench: BenchSettings | Mapping, workdir: Path, batch_id: str, *,
                harness_bin: Path | None = None,
-               sim: SimulatedMachine | None = None, skip: set[str] | frozenset[str] = frozenset(),
+               sim: Simulator | None = None, skip: set[str] | frozenset[str] = frozenset(),
                progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """DB rows of one batch from either backend; kernels whose id is in ``skip`` (already in
     the database) produce no rows. The one place that decides simulated versus native."""
@@ -100,7 +110,7 @@ class Measurer:
 
     def __init__(self, machine: dict, forms: pd.DataFrame, bench: BenchSettings | Mapping,
                  db_dir: Path, workdir: Path, *, harness_bin: Path | None = None,
-                 sim: SimulatedMachine | None = None, log: Callable[[str], None] | None = None,
+                 sim: Simulator | None = None, log: Callable[[str], None] | None = None,
                  remeasure: bool = False, measure: bool = True):
         self.machine, self.forms, self.bench = machine, forms, bench_settings(bench)
         self.db_dir, self.workdir = Path(db_dir), Path(workdir)

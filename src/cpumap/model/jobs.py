@@ -1,6 +1,6 @@
 """The modelling stage of the pipeline: Palmed against a Measurer, then held-out validation.
 
-Glue between ``cpumap.model.palmed_build`` (Palmed's stages, each asking for kernels),
+Glue between ``cpumap.model.palmed.build`` (Palmed's stages, each asking for kernels),
 ``cpumap.measure.backend.Measurer`` (answers from the DB or measures, one DB part per request) and
 the pipeline's files: one function per Palmed job of workflow/rules/model.smk (``*_job``). The
 planned stages (pairs, mapping kernels) write a plan that parallel batch jobs measure; the
@@ -25,7 +25,7 @@ from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
 from cpumap.model import resmodel, validation
 from cpumap.model.palmed import PalmedConfig
-from cpumap.model.palmed_build import Build
+from cpumap.model.palmed.build import Build
 from cpumap.store import files
 
 
@@ -149,7 +149,7 @@ def model_forms(measurer: Measurer, planned: Sequence[str], model_cfg: Mapping[s
 
 
 class StageJob:
-    """One pipeline job of Palmed (see ``cpumap.model.palmed_build``): the Build state in and out,
+    """One pipeline job of Palmed (see ``cpumap.model.palmed.build``): the Build state in and out,
     kernels measured through the Measurer (every measurement stored as it is made)."""
 
     def __init__(self, measurer: Measurer, cfg: PalmedConfig, stage: str,

@@ -37,22 +37,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpumap.model.palmed import (
+from cpumap.model.palmed.config import PalmedConfig
+from cpumap.model.palmed.core import Core, fit_core
+from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
+from cpumap.model.palmed.kernels import (
     Basic,
-    Core,
-    PalmedConfig,
-    _LPStats,
     _text,
-    fit_core,
-    fit_remaining,
     interacting_pairs,
     pair_candidates,
     select_basic,
-    select_mapping_kernels,
     select_pairs,
-    select_saturating,
     singleton_kernels,
 )
+from cpumap.model.palmed.lp import _LPStats
+from cpumap.model.palmed.remaining import fit_remaining
 from cpumap.model.resmodel import ResourceModel
 from cpumap.store.files import write_json_atomic
 

@@ -1,7 +1,7 @@
 """The simulated machine backend: kernels answered exactly from a known mapping.
 
 Measurements come from a port mapping (Mapping3: cycles = optimal port schedule,
-``cpumap.measure.portmap``) or a resource model (``cpumap.model.resmodel``: cycles = bottleneck
+``cpumap.model.portmap``) or a resource model (``cpumap.model.resmodel``: cycles = bottleneck
 resource), so the inference can be tested deterministically against known truth (DESIGN §8).
 
 Optional multiplicative noise: ``cycles * (1 + noise * z)`` with z standard normal clipped to
@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from cpumap.host.machine import simulated_machine_id
-from cpumap.measure import portmap
 from cpumap.measure.asmgen import canonical, parse_canonical
-from cpumap.model import resmodel
+from cpumap.model import portmap, resmodel
 
 __all__ = ["SimulatedMachine"]
 

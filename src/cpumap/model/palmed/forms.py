@@ -1,0 +1,255 @@
+"""Stages 5-6 and the per-form fit: every form outside the basic set against every resource.
+
+Each remaining form is measured against every saturating kernel at a few proportions and gets
+its uses from a small LP of its own (``_form_lp``) with every other form's uses fixed, so the
+cost stays linear in the number of forms; the rows of that LP, the bounds its mixes imply and
+the alternation with the designations (``_fit_forms``) are here because nothing else uses
+them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy.sparse import coo_matrix
+
+from cpumap.measure.asmgen import parse_canonical
+from cpumap.model.palmed.config import (
+    MIN_SHARE,
+    NOISY_TOL,
+    SINGLETON_WEIGHT,
+    SOFT_UPPER,
+    Kernel,
+    Measurements,
+    PalmedConfig,
+)
+from cpumap.model.palmed.core import Core, _keep_fixed, _mix_texts, _sat_est
+from cpumap.model.palmed.kernels import _measured_like, _text, mix
+from cpumap.model.palmed.lp import _LPStats, _predict, _Row, _solve
+
+
+def select_saturating(core: Core, meas: Measurements, singletons: Mapping[str, float],
+                      config: PalmedConfig | None = None) -> list[tuple[Kernel, float]]:
+    """Stage 5: one saturating kernel per resource: its defining kernel scaled so that it takes
+    about ``sat_factor`` times the slowest basic form (large enough for balanced mixes with
+    integer counts), with its construction time (``_sat_est``)."""
+    cfg = config or PalmedConfig()
+    target = cfg.sat_factor * max(singletons[b] for b in core.basic)
+    return [_sat_est(d, t, target, cfg.max_kernel)
+            for d, t in zip(core.defining, core.t_defining, strict=True)]
+
+
+def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]],
+                           forms: Sequence[str], singletons: Mapping[str, float],
+                           meas: Measurements, config: PalmedConfig | None = None) -> list[str]:
+    """Stage 6: every form against every saturating kernel (with its construction time) at
+    each proportion of ``betas`` (and each scaled SK^s alone, the base of the difference):
+    ``|R| (1 + 2 len(betas))`` kernels per form at most, linear in the number of forms."""
+    cfg = config or PalmedConfig()
+    out: set[str] = set()
+    for sk, t_sk in saturating:
+        out |= set(_mix_texts(dict(sk), t_sk, sorted(forms), singletons, cfg.betas,
+                              cfg.max_kernel))
+    return sorted(t for t in out if t not in meas)
+
+
+def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mapping[int, float]],
+             n_res: int, meas: Measurements, tol: float, stats: _LPStats) -> dict[int, float]:
+    """The small LP of one remaining form (Palmed's per-instruction LP).
+
+    Variables: x[r] >= 0, the form's use of resource r; e+[k], e-[k] >= 0 per designated kernel;
+    with noisy measurements (tol >= NOISY_TOL) also u[k] >= 0 per kernel.
+    Every other form's uses are fixed (core LP, or the previous refinement round).
+    For every measured kernel k containing the form c = sigma(k, form) times:
+      * upper bounds: base(k, r) + c x[r] <= M(k) (1 + tol) + u[k] for every r, where
+        base(k, r) is the other forms' load of r (u = 0 when exact). Noisy: soft, u[k] costs
+        ``SOFT_UPPER`` c / M(k): the other forms' fixed uses carry their own errors, and a hard
+        bound from one unlucky kernel would crush the form's use to zero (seen: singletons
+        predicted 37% short at 2% noise); bounds where the others alone already fill the
+        measured time carry no information and are left out;
+      * tightness, for mixes SK^s + form^n designated to resource r:
+        n x[r] + e-[k] - e+[k] = M(SK^s + form^n) - M(SK^s) -- the increase of the measured time
+        is the form's use of the saturated resource (a difference of measurements, so that
+        errors of the model of SK do not leak in); for a singleton designated to its predicted
+        bottleneck r: x[r] + e- - e+ = t(form).
+    Objective: min sum_k (e+ + e-) c / M(k) (relative L1, weights favour the kernels where the
+    form is a large part, whose difference is least amplified by noise; the singleton counts
+    ``SINGLETON_WEIGHT`` times: it is the one kernel where the form is everything)
+    + sum_k SOFT_UPPER u[k] c / M(k) + 1e-6 sum x / t(form).
+    """
+    noisy = tol >= NOISY_TOL
+    nrow = len(rows)
+    nv = n_res + 2 * nrow + (nrow if noisy else 0)
+    c = np.zeros(nv)
+    c[:n_res] = 1e-6 / t_form
+    ub = np.full(nv, np.inf)
+    ub[:n_res] = t_form * (1 + tol)
+    lb = np.zeros(nv)
+    eq_rows: list[np.ndarray] = []
+    b_eq: list[float] = []
+    ub_r: list[int] = []
+    ub_c: list[int] = []
+    ub_v: list[float] = []
+    b_ub: list[float] = []
+    for j, row in enumerate(rows):
+        cnt = row.kernel[form]
+        others = {f: n for f, n in row.kernel.items() if f != form}
+        base = _predict(rho, n_res, others)
+        room = row.cycles * (1 + tol) - base
+        if noisy and cnt * t_form >= MIN_SHARE * row.cycles:
+            # where the other forms already fill a resource, the row is inconsistent with their
+            # (noisy) fixed uses and would force a zero use: it carries no information there
+            u = n_res + 2 * nrow + j
+            c[u] = SOFT_UPPER * cnt / row.cycles
+            for r in np.flatnonzero(room > tol * row.cycles):
+                ub_r += [len(b_ub), len(b_ub)]
+                ub_c += [int(r), u]
+                ub_v += [float(cnt), -1.0]
+                b_ub.append(float(room[r]))
+        elif not noisy:
+            # every upper bound involves a single x[r] (the other forms are fixed)
+            ub[:n_res] = np.minimum(ub[:n_res], np.maximum(room, 0.0) / cnt)
+        if not noisy and row.saturated is not None and row.base_text is not None:
+            # SK^s saturates r, so M(SK^s + form^n) >= M(SK^s) + n x[r] at every proportion,
+            # with equality while r stays the bottleneck: the use is at most the smallest
+            # increase (a balanced mix can move the bottleneck to a resource not found yet,
+            # whose larger increase must not become a use of r)
+            ub[row.saturated] = min(ub[row.saturated], _increase(row, form, meas, tol))
+        if row.designated is None:
+            continue
+        a = np.zeros(nv)
+        if row.base_text is not None:
+            a[row.designated] = cnt - _count(row.base_text, form)
+            rhs = row.cycles - meas[row.base_text]
+        else:
+            a[row.designated] = cnt
+            rhs = row.cycles - base[row.designated]
+        a[n_res + 2 * j] = 1.0
+        a[n_res + 2 * j + 1] = -1.0
+        w = SINGLETON_WEIGHT if noisy and not others else 1.0
+        c[n_res + 2 * j] = c[n_res + 2 * j + 1] = w * a[row.designated] / row.cycles
+        if noisy and not others and _increase_bound(form, rows, meas, row.designated, tol) \
+                >= t_form * (1 - tol):
+            # the form alone is the best-measured fact about it: its bottleneck keeps it,
+            # unless a mix with the resource's saturating kernel says the form uses much
+            # less of it (a divider has no resource yet: forced onto the FP multiplier, it
+            # made every kernel with both up to 38% slow); the singleton is then left
+            # unexplained, and the refinement gives the form a resource of its own
+            lb[row.designated] = t_form * (1 - tol)
+        eq_rows.append(a)
+        b_eq.append(rhs)
+    a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(len(b_ub), nv)).tocsr()
+    x = _solve(c, a_ub, np.array(b_ub), np.array(eq_rows) if eq_rows else np.zeros((0, nv)),
+               np.array(b_eq), ub, stats, lb)
+    # uses below the tolerance are noise (or LP round-off): a phantom use of a resource that
+    # the form does not touch would add up over large kernels
+    return {r: float(x[r]) for r in range(n_res) if x[r] > max(tol, 1e-9) * t_form}
+
+
+def _increase_bound(form: str, rows: Sequence[_Row], meas: Measurements, r: int,
+                    tol: float) -> float:
+    """The least use of resource r that the form's mixes with r's saturating kernel allow.
+
+    ``M(SK^s + form^n) - M(SK^s) >= n rho(form, r)`` whatever the bottleneck (within noise, so
+    ``2 tol`` of the mix's time is added): the smallest increase over the proportions bounds
+    the use from above. Infinite when no mix saturates r.
+    """
+    return min((_increase(row, form, meas, tol) for row in rows
+                if row.saturated == r and row.base_text is not None), default=math.inf)
+
+
+def _increase(row: _Row, form: str, meas: Measurements, tol: float) -> float:
+    """A mix's increase over its saturating kernel per added instance of the form, plus
+    ``2 tol`` of the mix's time (noise): ``(M(SK^s + form^n) - M(SK^s)) / n``, at least 0;
+    infinite when the mix adds no instance."""
+    assert row.base_text is not None
+    n_add = row.kernel[form] - _count(row.base_text, form)
+    if n_add <= 0:
+        return math.inf
+    return max(row.cycles - meas[row.base_text] + 2 * tol * row.cycles, 0.0) / n_add
+
+
+def _count(text: str, form: str) -> int:
+    return parse_canonical(text).get(form, 0)
+
+
+def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
+               singletons: Mapping[str, float], meas: Measurements, cfg: PalmedConfig,
+               pair_index: Mapping[str, list[str]],
+               bad: set[frozenset[str]]) -> tuple[list[_Row], list[int | None]]:
+    """The kernels of one form's LP: its singleton, its pairs with basic forms, its mixes
+    with every saturating kernel; kernels no resource model explains (``_resource_like``)
+    left out."""
+    rows: list[_Row] = [_Row({form: 1}, singletons[form], None)]
+    fixed: list[int | None] = [None]
+
+    def sane(k: Mapping[str, int], text: str) -> bool:
+        return _measured_like(meas, text, k, singletons, cfg.tol, bad)
+
+    for text in pair_index.get(form, []):
+        k = parse_canonical(text)
+        if sane(k, text):
+            rows.append(_Row(k, meas[text], None))
+            fixed.append(None)
+    for r, (sk, t_sk) in enumerate(saturating):
+        for beta in cfg.betas:
+            base, k = mix(dict(sk), t_sk, form, singletons[form], beta, cfg.max_kernel)
+            if sane(k, _text(k)) and sane(base, _text(base)):
+                rows.append(_Row(k, meas[_text(k)], r, _text(base), r))
+                fixed.append(r)
+    return rows, fixed
+
+
+def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
+               meas: Measurements, saturating: Sequence[tuple[Mapping[str, int], float]],
+               pair_index: Mapping[str, list[str]], cfg: PalmedConfig,
+               stats: _LPStats, bad: set[frozenset[str]] | None = None,
+               ) -> dict[str, dict[int, float]]:
+    """Every form's uses of the resources of ``saturating``: per-form LPs (``_form_lp``),
+    alternated with the designations until both are stable (at most ``fit_rounds``)."""
+    n_res = len(saturating)
+    rho: dict[str, dict[int, float]] = {f: dict(v) for f, v in core.rho.items()}
+    per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index, bad or set())
+                for f in forms}
+    exact = cfg.tol < NOISY_TOL
+    for _ in range(cfg.fit_rounds):
+        new_rho: dict[str, dict[int, float]] = {}
+        # exact: Gauss-Seidel, each form's LP sees the uses already refitted in this pass;
+        # fitting all forms against the previous pass (Jacobi) oscillated when resources were
+        # new: a pass with no bounds from the other forms, then a pass crushed by them
+        current = {f: dict(v) for f, v in rho.items()} if exact else rho
+        for f in forms:
+            rows, fixed = per_form[f]
+            new_rho[f] = _form_lp(f, singletons[f], rows, current, n_res, meas, cfg.tol, stats)
+            if exact:
+                current[f] = new_rho[f]
+        moved = max((abs(new_rho[f].get(r, 0.0) - rho.get(f, {}).get(r, 0.0))
+                     for f in forms for r in range(n_res)), default=0.0)
+        rho = new_rho
+        before = [row.designated for f in forms for row in per_form[f][0]]
+        for f in forms:
+            rows, fixed = per_form[f]
+            _redesignate_form(f, rows, fixed, rho, n_res, cfg.tol)
+        if before == [row.designated for f in forms for row in per_form[f][0]] \
+                and moved <= 1e-9:
+            break
+    return rho
+
+
+def _redesignate_form(form: str, rows: list[_Row], fixed: list[int | None],
+                      rho: Mapping[str, Mapping[int, float]], n_res: int, tol: float) -> None:
+    """As _redesignate, for one form's rows: only its singleton follows its bottleneck.
+
+    Exact measurements: a mix keeps its saturated resource (its increase bounds the use from
+    above, ``_form_lp``). Releasing it whenever another resource happened to explain the mix
+    let uses drop to zero and come back from one alternation round to the next (seen: the
+    fit never settled, and a form lost its use of the one resource of its own μop kind).
+    """
+    for row, fix in zip(rows, fixed, strict=True):
+        load = _predict(rho, n_res, row.kernel)
+        if fix is not None:
+            row.designated = fix if tol < NOISY_TOL else _keep_fixed(load, fix, row.cycles, tol)
+        elif row.kernel == {form: 1} and n_res:
+            row.designated = int(np.argmax(load))

@@ -1,0 +1,322 @@
+"""Which kernels Palmed measures, and which measured kernels a resource model may be fitted to.
+
+Stages 1-3 (singletons, balanced pairs among the pair candidates, classes and basic
+instructions), the random test kernels of the core and the mixes of every later stage, with the
+arithmetic on kernels (canonical text, scaling, reduction) they share. None of it solves an
+LP: it only decides what to measure and what to trust, from singleton times and pair sharings.
+
+Kernels no resource model explains
+----------------------------------
+A resource model is sub-additive: ``M(A + B) <= M(A) + M(B)``, so a pair's sharing is at most 1.
+On hardware some pairs are slower together than in sequence, because the generated code makes
+them depend on each other (flags: CMOVE after SHR by CL; registers: legacy-SSE writes merging
+into registers that 512-bit forms wrote; memory ordering: a read-modify-write store among other
+stores). On Zen 4, 89 of the 3,160 pairs of the quick set (ADD m64,r64 with MOVSD to memory: 5.2
+cycles a pair, 2.0 for the two in sequence). Fitted, such kernels became defining kernels of
+resources of which every form mixed with them got a phantom use (held-out IPC error 19.6%,
+Kendall's tau 0.73). So pairs whose sharing exceeds ``1 + INTERACT_TOLS tol`` are *interacting*
+(``interacting_pairs``), and a kernel holding one, or slower than ``1 + SUPERADD_TOLS tol``
+times the sum of its forms' singletons, is left out of every LP and may not define a resource
+(``_resource_like``); forms that interact come last among the basic instructions. Held-out
+kernels that hold an interacting pair stay mispredicted: no resource model can predict them.
+Two of the causes were then removed where they arise: the generator gives read-modify-writes
+memory slots of their own (``asmgen`` layout 2: ADD m64,r64 + MOVSD m64,xmm now 2.0 cycles a
+pair) and shifts by CL are not modelled (``cpumap.model.jobs.modelable``); legacy-SSE forms
+stay slower next to 512-bit forms whatever registers they use (ADDPD xmm 1.0 instead of 0.5
+cycles with disjoint write pools too): that one is the hardware's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+from cpumap.measure.asmgen import canonical
+from cpumap.model.palmed.config import (
+    INTERACT_TOLS,
+    SUPERADD_TOLS,
+    Kernel,
+    Measurements,
+)
+
+# --------------------------------------------------------------------------- kernel helpers
+
+
+def _text(k: Mapping[str, int]) -> str:
+    return canonical(k)
+
+
+def _scale(k: Mapping[str, int], s: int) -> Kernel:
+    return {f: n * s for f, n in k.items()}
+
+
+def _add(k: Mapping[str, int], form: str, n: int) -> Kernel:
+    out = dict(k)
+    out[form] = out.get(form, 0) + n
+    return out
+
+
+def _reduce(k: Mapping[str, int]) -> Kernel:
+    g = 0
+    for n in k.values():
+        g = math.gcd(g, n)
+    return {f: n // g for f, n in k.items()} if g > 1 else dict(k)
+
+
+def singleton_kernels(forms: Sequence[str]) -> list[str]:
+    """Stage 1: every form alone."""
+    return [_text({f: 1}) for f in sorted(set(forms))]
+
+
+def balanced(ta: float, tb: float, max_mult: int = 8) -> tuple[int, int]:
+    """Coprime (m, n) <= max_mult with m*ta closest to n*tb (ties: smallest m + n).
+
+    Balanced pairs make each part alone take about the same time, so the pair's time tells
+    directly whether the two forms share their bottleneck (sum) or not (max).
+    """
+    best: tuple[float, int, int, int] | None = None
+    for m in range(1, max_mult + 1):
+        for n in range(1, max_mult + 1):
+            if math.gcd(m, n) != 1:
+                continue
+            a, b = m * ta, n * tb
+            err = abs(a - b) / max(a + b, 1e-300)
+            key = (round(err, 12), m + n, m, n)
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return best[2], best[3]
+
+
+def pair_kernel(a: str, ta: float, b: str, tb: float, max_mult: int = 8) -> Kernel:
+    m, n = balanced(ta, tb, max_mult)
+    return {a: m, b: n}
+
+
+def select_pairs(singletons: Mapping[str, float], *, max_mult: int = 8,
+                 probes: Sequence[str] | None = None) -> list[str]:
+    """Stage 2: balanced pairs of all forms (or of every form with each probe form)."""
+    forms = sorted(singletons)
+    others = forms if probes is None else sorted(set(probes))
+    out = set()
+    for a in forms:
+        for b in others:
+            if a == b or (probes is None and b < a):
+                continue
+            out.add(_text(pair_kernel(a, singletons[a], b, singletons[b], max_mult)))
+    return sorted(out)
+
+
+def pair_candidates(singletons: Mapping[str, float], cap: int | None) -> list[str]:
+    """The forms whose pairs are measured: all of them, or ``cap`` spread over singleton times.
+
+    All pairs cost n(n-1)/2 kernels: 44,850 for 300 forms. Classes and basic instructions only
+    need enough forms of every kind, so above ``cap`` forms the candidates are taken round-robin
+    over the distinct singleton times (rounded to 2 %: forms of one μop kind share a time),
+    fastest group first, names in order within a group. The pairs stage then costs at most
+    cap(cap-1)/2 kernels whatever the number of forms, and every later stage is linear in the
+    number of forms; a resource that no candidate reveals is found by the refinement stage.
+    """
+    forms = sorted(singletons)
+    if cap is None or len(forms) <= cap:
+        return forms
+    groups: dict[float, list[str]] = {}
+    for f in forms:
+        key = round(math.log(singletons[f]) / math.log(1.02))
+        groups.setdefault(key, []).append(f)
+    queues = [groups[k] for k in sorted(groups)]
+    out: list[str] = []
+    depth = 0
+    while len(out) < cap:
+        for q in queues:
+            if depth < len(q) and len(out) < cap:
+                out.append(q[depth])
+        depth += 1
+    return sorted(out)
+
+
+def sharing(a: str, b: str, singletons: Mapping[str, float], meas: Measurements,
+            max_mult: int = 8) -> float | None:
+    """(M - max(A, B)) / min(A, B) for the balanced pair (A = m t(a), B = n t(b)); None if the
+    pair was not measured. 0: a and b share nothing; 1: they share their bottleneck."""
+    k = pair_kernel(a, singletons[a], b, singletons[b], max_mult)
+    m = meas.get(_text(k))
+    if m is None or not math.isfinite(m):
+        return None
+    x, y = k[a] * singletons[a], k[b] * singletons[b]
+    return (m - max(x, y)) / min(x, y)
+
+
+def interacting_pairs(singletons: Mapping[str, float], meas: Measurements, tol: float,
+                      max_mult: int = 8) -> set[frozenset[str]]:
+    """Pairs of forms whose balanced pair is slower than both parts in sequence (sharing > 1).
+
+    In a resource model a kernel never takes longer than its parts one after the other
+    (``M(A + B) <= M(A) + M(B)``), so a sharing above 1 (+ ``INTERACT_TOLS`` tol) is not
+    throughput but an interaction that the generated code creates between the two forms: a
+    dependence through flags or registers (CMOVE after SHR by CL, legacy-SSE writes merging into
+    registers that 512-bit forms wrote), or memory ordering (a read-modify-write store among
+    other stores). See the module docstring for what they did to the model on Zen 4.
+    """
+    forms = sorted(singletons)
+    out: set[frozenset[str]] = set()
+    for i, a in enumerate(forms):
+        for b in forms[i + 1:]:
+            s = sharing(a, b, singletons, meas, max_mult)
+            if s is not None and _interacts(s, tol):
+                out.add(frozenset((a, b)))
+    return out
+
+
+def _interacts(s: float, tol: float) -> bool:
+    """A pair's sharing above what a resource model allows (1), beyond the noise."""
+    return s > 1 + INTERACT_TOLS * tol + 1e-6
+
+
+def _resource_like(k: Mapping[str, int], m: float, singletons: Mapping[str, float], tol: float,
+                   bad: set[frozenset[str]]) -> bool:
+    """Whether a measured kernel can be explained by a resource model at all.
+
+    Not when it holds an interacting pair of forms, nor when it is super-additive: slower than
+    the sum of its forms' singleton times by more than ``SUPERADD_TOLS`` tol. Such kernels may
+    not define a resource and stay out of every LP: fitted, they spread their extra time over
+    the uses of every form mixed with them.
+    """
+    if any(frozenset(p) in bad for p in combinations(sorted(k), 2)):
+        return False
+    if not all(f in singletons for f in k):
+        return True
+    return m <= (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items()) + 1e-12
+
+
+def _ok(meas: Measurements, text: str) -> bool:
+    """Measured, and not a failed measurement (NaN)."""
+    v = meas.get(text)
+    return v is not None and math.isfinite(v)
+
+
+def _measured_like(meas: Measurements, text: str, k: Mapping[str, int],
+                   singletons: Mapping[str, float], tol: float,
+                   bad: set[frozenset[str]]) -> bool:
+    """Measured (not failed), and explainable by a resource model (``_resource_like``)."""
+    return _ok(meas, text) and _resource_like(k, meas[text], singletons, tol, bad)
+
+
+def _usable(k: Mapping[str, int], m: float, known: set[str], singletons: Mapping[str, float],
+            tol: float, bad: set[frozenset[str]]) -> bool:
+    """A measured kernel of known forms only that a resource model can explain: the kernels
+    the refinement checks, may take as new resources, and the joint refit fits."""
+    return set(k) <= known and math.isfinite(m) and m > 0 \
+        and _resource_like(k, m, singletons, tol, bad)
+
+
+# --------------------------------------------------------------------------- classes, basic
+
+
+@dataclass
+class Basic:
+    """Result of stage 3: classes of forms that behave alike, and the basic instructions."""
+
+    classes: dict[str, list[str]]  # representative -> members (sorted, rep first)
+    basic: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"classes": self.classes, "basic": self.basic}
+
+
+def select_basic(singletons: Mapping[str, float], meas: Measurements, *,
+                 tol: float = 0.02, max_basic: int = 16, max_mult: int = 8) -> Basic:
+    """Stage 3: classes of equivalent forms and a small set of basic instructions.
+
+    Two forms are equivalent when their singleton times agree within ``tol`` and their sharing
+    with every third form (whose pair with both was measured) agrees within ``4 tol`` (sharing is
+    a ratio of differences, so it amplifies noise). Forms join the first compatible class in
+    name order (deterministic); the representative is the first member.
+
+    Basic instructions: the representatives that interact with no form (``interacting_pairs``),
+    then those that conflict (sharing > 0.5) with the fewest other representatives, then the
+    fastest. A form that competes with few others uses few resources
+    (e.g. one μop on one port group) and makes saturating kernels with a single clear
+    bottleneck; slow forms (unpipelined units) would make saturating kernels huge. Choosing
+    badly costs extra refinement rounds, never correctness (stage 7 adds missing resources).
+    """
+    forms = sorted(singletons)
+    eps_t, eps_s = tol + 1e-9, 4 * tol + 1e-6
+    share: dict[tuple[str, str], float] = {}
+    for i, a in enumerate(forms):
+        for b in forms[i + 1:]:
+            s = sharing(a, b, singletons, meas, max_mult)
+            if s is not None:
+                share[(a, b)] = share[(b, a)] = s
+
+    def alike(a: str, b: str) -> bool:
+        ta, tb = singletons[a], singletons[b]
+        if abs(ta - tb) > eps_t * max(ta, tb):
+            return False
+        s = share.get((a, b))
+        if s is not None and s < 1 - eps_s:
+            return False
+        for c in forms:
+            if c in (a, b):
+                continue
+            sa, sb = share.get((a, c)), share.get((b, c))
+            if sa is not None and sb is not None and abs(sa - sb) > eps_s:
+                return False
+        return True
+
+    classes: dict[str, list[str]] = {}
+    for f in forms:
+        for rep, members in classes.items():
+            if alike(rep, f):
+                members.append(f)
+                break
+        else:
+            classes[f] = [f]
+    reps = sorted(classes)
+    conflicts = {a: sum(1 for b in reps if b != a and share.get((a, b), 0.0) > 0.5)
+                 for a in reps}
+    # forms that interact with another form (sharing above 1: see interacting_pairs) make
+    # core kernels that no resource model explains: they come last
+    interacts = {a: any(_interacts(s, tol) for (x, _), s in share.items() if x == a)
+                 for a in reps}
+    t_med = float(np.median([singletons[r] for r in reps]))
+    order = sorted(reps, key=lambda r: (singletons[r] > 4 * t_med, interacts[r], conflicts[r],
+                                        round(singletons[r], 9), r))
+    return Basic(classes=classes, basic=sorted(order[:max_basic]))
+
+
+def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: int = 4,
+                   max_mult: int = 3) -> list[Kernel]:
+    """Deterministic random kernels of 2..max_distinct distinct forms (tests of the core)."""
+    rng = np.random.default_rng(seed)
+    forms = sorted(forms)
+    out: list[Kernel] = []
+    if len(forms) < 2:
+        return out
+    for _ in range(count):
+        k = int(rng.integers(2, min(max_distinct, len(forms)) + 1))
+        pick = rng.choice(len(forms), size=k, replace=False)
+        out.append({forms[int(p)]: int(rng.integers(1, max_mult + 1)) for p in pick})
+    return out
+
+
+def mix(sk: Mapping[str, int], t_sk: float, form: str, t_form: float,
+        beta: float, max_kernel: int = 600) -> tuple[Kernel, Kernel]:
+    """``(SK^s, SK^s + form^n)`` with n t(form) / (s T(SK)) ~ beta, n >= 1, s >= 1 minimal.
+
+    beta = 1 is Palmed's balanced proportion (low noise amplification); smaller betas keep the
+    saturated resource the bottleneck so that the increase ``M(SK^s + form^n) - M(SK^s)`` is
+    exactly ``n rho(form, r)``. ``s`` is capped so that the kernel keeps at most about
+    ``max_kernel`` instructions (very slow forms then get a larger proportion).
+    """
+    s = max(1, math.ceil(t_form / (beta * t_sk) - 1e-9))
+    size = max(1, sum(sk.values()))
+    s = max(1, min(s, (max_kernel // 2) // size))
+    n = max(1, min(round(beta * s * t_sk / t_form), max_kernel - s * size))
+    base = _scale(sk, s)
+    return base, _add(base, form, n)

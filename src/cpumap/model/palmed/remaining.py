@@ -1,0 +1,146 @@
+"""Stage 7, ``fit_remaining``: every form's uses, and the resources the core missed.
+
+The loop that ties the per-form fit (``forms``) to the whole-model corrections (``refit``):
+kernels the fitted model under-predicts become refinement resources, measured and fitted in
+rounds; under noise a round is kept only if it lowers the misfit of singletons and pairs, and
+the result is refitted jointly; last, every form explains its own singleton. It is the only
+module that needs both, hence the last one before ``build``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cpumap.measure.asmgen import parse_canonical
+from cpumap.model.palmed.config import (
+    NOISY_TOL,
+    REFINE_GAIN,
+    REFINE_MIN_GAP,
+    Kernel,
+    Log,
+    Measurements,
+    PalmedConfig,
+    _nolog,
+)
+from cpumap.model.palmed.core import Core, Step, _sat_est, _source_time
+from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
+from cpumap.model.palmed.kernels import _reduce, _text, _usable, interacting_pairs, pair_kernel
+from cpumap.model.palmed.lp import _LPStats, _predict
+from cpumap.model.palmed.refit import _explained, _misfit, _polish
+
+
+def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
+                  meas: Measurements, *,
+                  state: Sequence[tuple[Mapping[str, int], float, int]] = (),
+                  classes: Mapping[str, Sequence[str]] | None = None,
+                  config: PalmedConfig | None = None, log: Log = _nolog,
+                  lp_stats: _LPStats | None = None) -> Step:
+    """Stage 7: the uses of every form, then refinement with the resources the core missed.
+
+    ``state`` lists the refinement resources found so far as (defining kernel, construction
+    time, round). Returns a Step whose ``need`` lists mapping kernels to measure (new
+    resources: one measurement round per refinement round), or ``done`` with
+    ``result = (rho, defining, saturating)``: rho maps form -> resource index -> use.
+    """
+    cfg = config or PalmedConfig()
+    stats = lp_stats or _LPStats()
+    forms = sorted(set(forms))
+    refined = [(dict(k), float(t), int(rnd)) for k, t, rnd in state]
+    defining = [dict(d) for d in core.defining] + [k for k, _, _ in refined]
+    t_def = list(core.t_defining) + [t for _, t, _ in refined]
+    rounds = 1 + max((rnd for _, _, rnd in refined), default=-1)
+    target = cfg.sat_factor * max(singletons[b] for b in core.basic)
+    # pairs measured between each form and a basic form: extra upper bounds, cheap information
+    pair_index: dict[str, list[str]] = {}
+    for f in forms:
+        for b in core.basic:
+            if b == f:
+                continue
+            text = _text(pair_kernel(f, singletons[f], b, singletons[b], cfg.max_mult))
+            if text in meas:
+                pair_index.setdefault(f, []).append(text)
+    rep_of = {m: rep for rep, members in (classes or {}).items() for m in members}
+    noisy = cfg.tol >= NOISY_TOL
+    known = set(forms)
+    bad = interacting_pairs({f: singletons[f] for f in forms}, meas, cfg.tol, cfg.max_mult)
+    # the fixed in-sample check of a refinement round: singletons and balanced pairs
+    checks: list[tuple[Kernel, float]] = []
+    if noisy:
+        for text, m in sorted(meas.items()):
+            k = parse_canonical(text)
+            if len(k) > 2 or not _usable(k, m, known, singletons, cfg.tol, bad):
+                continue
+            if len(k) == 1 and k == {next(iter(k)): 1}:
+                checks.append((k, m))
+            elif len(k) == 2:
+                a, b = sorted(k)
+                if k == pair_kernel(a, singletons[a], b, singletons[b], cfg.max_mult):
+                    checks.append((k, m))
+    while True:
+        saturating = [_sat_est(d, t, target, cfg.max_kernel)
+                      for d, t in zip(defining, t_def, strict=True)]
+        need = select_mapping_kernels(saturating, forms, singletons, meas, cfg)
+        if need:
+            return Step(need=need, state=refined)
+        n_res = len(defining)
+        rho = _fit_forms(core, forms, singletons, meas, saturating, pair_index, cfg, stats, bad)
+        if noisy and refined and rounds > 0:
+            # keep the last refinement round only if it explains the singletons and pairs
+            # better: with noisy measurements a new resource can fit noise and make the
+            # model worse (seen: 8% -> 27% RMS at 2% noise)
+            n_prev = n_res - sum(1 for _, _, rnd in refined if rnd == rounds - 1)
+            prev = _fit_forms(core, forms, singletons, meas, saturating[:n_prev], pair_index,
+                              cfg, stats, bad)
+            now_s, prev_s = _misfit(rho, n_res, checks), _misfit(prev, n_prev, checks)
+            if now_s > prev_s * (1 - REFINE_GAIN):
+                log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
+                    f"{now_s:.2%} vs {prev_s:.2%} without it)")
+                prev = _polish(prev, n_prev, forms, singletons, meas, cfg.tol, bad, stats, log)
+                return Step(need=[], result=_explained(
+                    prev, defining[:n_prev], [sk for sk, _ in saturating[:n_prev]], forms,
+                    singletons, cfg, log), state=[r for r in refined if r[2] != rounds - 1])
+            log(f"refine: round {rounds - 1} kept (misfit {now_s:.2%} vs {prev_s:.2%})")
+        # refinement: measured kernels the model under-predicts reveal missing resources
+        cands: list[tuple[float, str]] = []
+        used = {_text(_reduce(d)) for d in defining}
+        # noisy: only singletons and balanced pairs may define a resource (a large mix
+        # defines a resource mixing several bottlenecks, that noise then spreads over forms)
+        pool = ((_text(k), m) for k, m in checks) if noisy else meas.items()
+        for text, m in pool:
+            k = parse_canonical(text)
+            if not _usable(k, m, known, singletons, cfg.tol, bad):
+                continue
+            pred = float(_predict(rho, n_res, k).max()) if n_res else 0.0
+            gap = (m - pred) / m
+            if gap > max(3 * cfg.tol, REFINE_MIN_GAP) and _text(_reduce(k)) not in used:
+                cands.append((-round(gap, 9), text))
+        cands.sort()
+        if not cands or rounds >= cfg.max_refine or n_res >= cfg.max_resources:
+            if cands:
+                log(f"refine: stopping with {len(cands)} under-predicted kernels "
+                    f"(worst {-cands[0][0]:.1%})")
+            if noisy:
+                rho = _polish(rho, n_res, forms, singletons, meas, cfg.tol, bad, stats, log)
+            return Step(need=[], result=_explained(
+                rho, defining, [sk for sk, _ in saturating], forms, singletons, cfg, log),
+                state=refined)
+        added: list[Kernel] = []
+        taken: set[str] = set()
+        for gap, text in cands:
+            k = parse_canonical(text)
+            # one candidate per form (and per class) a round: two under-predicted kernels
+            # sharing a form are most often short of the same resource
+            key = {rep_of.get(f, f) for f in k}
+            if key & taken:
+                continue
+            taken |= key
+            d, t = _source_time(k, meas)
+            added.append(d)
+            refined.append((d, t, rounds))
+            t_def.append(t)
+            log(f"refine: resource R{n_res + len(added) - 1:02d} from {text} "
+                f"(under-predicted by {-gap:.1%})")
+            if len(added) >= cfg.refine_batch:
+                break
+        defining += added
+        rounds += 1
