@@ -37,4 +37,5 @@ rule all:
         suite=rules.suite_all.input if SUITE_ON else [],
         evaluation=rules.eval_all.input if SUITE_ON else [],
         roofline=expand(ROOF_SECTION, mid=MACHINE_ID) if ROOF["enabled"] and NATIVE else [],
+        noise=expand(NOISE_TABLE, mid=MACHINE_ID) if NATIVE and config["bench"]["monitor"] else [],
     default_target: True

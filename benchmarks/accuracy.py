@@ -2,15 +2,17 @@
 """Acceptance figures for ``cpumap measure``: agreement, repeatability, linearity, pairs.
 
 Why: a throughput number is only useful if it is right (agrees with an independent
-measurement), stable (the same kernel measured again gives the same number), and behaves like
-throughput should when kernels are combined (A*2 costs twice A; A B costs at least the slower
-of A and B). Each check prints PASS/FAIL; the script always exits 0 because it is a report,
-not a gate. cpumap is run as a subprocess, exactly as a user would run it.
+measurement), stable (the same kernel measured again gives the same number, whatever the
+neighbours on a shared host are doing), and behaves like throughput should when kernels are
+combined (A*2 costs twice A; A B costs at least the slower of A and B). Each check prints
+PASS/FAIL; the script always exits 0 because it is a report, not a gate. cpumap is run as a
+subprocess, exactly as a user would run it. The forms are issue 12's list; on a host without
+AVX-512 (Zen 3) the ymm form of the FMA stands in for the zmm one.
 
 Checks:
-(a) agreement: cycles of each form of benchmarks/independent.py vs cpumap, |rel diff| <= 5%;
-(b) repeatability: 5 separate invocations per kernel, (max - min) / min of medians <= 1%;
-(c) linearity: cycles(A*2) / cycles(A) within 2% of 2;
+(a) agreement: cycles of each form vs benchmarks/independent.py in the same run, <= 3 %;
+(b) repeatability: 5 separate invocations per form, (max - min) / min of ``cycles`` <= 1 %;
+(c) linearity: cycles(A*2) / cycles(A) within 1 % of 2;
 (d) pairs: cycles(A B) >= max(cycles(A), cycles(B)) * 0.99.
 """
 
@@ -25,11 +27,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPEAT_KERNELS = [["ADD_R64_R64"], ["VADDPD_YMM_YMM_YMM"], ["MOV_R64_M64"]]
-LINEAR_FORMS = ["ADD_R64_R64", "VADDPD_YMM_YMM_YMM", "IMUL_R64_R64", "VFMADD231PD_ZMM_ZMM_ZMM",
-                "MOV_R64_M64", "MOV_M64_R64"]
+sys.path.insert(0, str(HERE))
+from independent import runnable  # noqa: E402
+
+FMA = runnable(["VFMADD231PD_ZMM_ZMM_ZMM"]) or ["VFMADD231PD_YMM_YMM_YMM"]
+FORMS = ["ADD_R64_R64", "SHL_R64_I8", "IMUL_R64_R64", "MOV_R64_M64", "MOV_M64_R64",
+         "VADDPD_YMM_YMM_YMM", "VMULPS_XMM_XMM_XMM", *FMA, "VPADDD_YMM_YMM_YMM",
+         "VPSHUFB_YMM_YMM_YMM"]
 PAIRS = [("ADD_R64_R64", "VADDPD_YMM_YMM_YMM"), ("MOV_R64_M64", "MOV_M64_R64"),
-         ("IMUL_R64_R64", "ADD_R64_R64"), ("VFMADD231PD_ZMM_ZMM_ZMM", "VADDPD_ZMM_ZMM_ZMM")]
+         ("IMUL_R64_R64", "ADD_R64_R64"), (FMA[0], "VPADDD_YMM_YMM_YMM"),
+         ("SHL_R64_I8", "VPSHUFB_YMM_YMM_YMM")]
 
 
 class Runner:
@@ -65,48 +72,51 @@ def fmt(x: float | None, spec: str = ".4f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def agreement(run: Runner, cpu: int) -> list[dict]:
-    """(a) cpumap vs the independent inline-asm measurement."""
-    cmd = [sys.executable, str(HERE / "independent.py"), "--json", "--cpu", str(cpu)]
-    ref = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    print(f"(a) agreement with benchmarks/independent.py (core clock {ref['_ghz']:.4f} GHz)")
+def repeatability(run: Runner, n: int) -> list[dict]:
+    """(b) spread of ``cycles`` over n separate invocations per form; their median is the form's
+    value for (a), (c) and (d)."""
+    print(f"(b) repeatability over {n} invocations, (max-min)/min <= 1%")
     rows = []
-    for form, ind in ref.items():
-        if form.startswith("_"):
-            continue
+    for form in FORMS:
+        vals = [run.fresh([form]) for _ in range(n)]
+        good = sorted(v for v in vals if v is not None)
+        spread = (good[-1] - good[0]) / good[0] if len(good) == n else None
+        ok = spread is not None and spread <= 0.01
+        if good:
+            run.memo[(form,)] = good[len(good) // 2]
+        rows.append({"kernel": form, "cycles": vals, "spread": spread, "pass": ok})
+        print(f"  {form:<26} min {fmt(min(good, default=None))}  "
+              f"max {fmt(max(good, default=None))}  spread {fmt(spread, '.3%'):>7}  "
+              f"{'PASS' if ok else 'FAIL'}")
+    return rows
+
+
+def agreement(run: Runner, cpu: int) -> list[dict]:
+    """(a) cpumap (median of the invocations of (b)) vs the independent inline-asm loops."""
+    cmd = [sys.executable, str(HERE / "independent.py"), "--json", "--cpu", str(cpu), *FORMS]
+    ref = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    print(f"(a) agreement with benchmarks/independent.py (core clock {ref['_ghz']:.4f} GHz), "
+          "<= 3%")
+    rows = []
+    for form in FORMS:
+        ind = ref[form]
         c = run.cycles([form])
         rel = None if c is None else c / ind - 1
-        ok = rel is not None and abs(rel) <= 0.05
+        ok = rel is not None and abs(rel) <= 0.03
         rows.append({"form": form, "cpumap": c, "independent": ind, "rel_diff": rel, "pass": ok})
         print(f"  {form:<26} cpumap {fmt(c)}  indep {ind:.4f}  diff {fmt(rel, '+.2%'):>8}  "
               f"{'PASS' if ok else 'FAIL'}")
     return rows
 
 
-def repeatability(run: Runner, n: int) -> list[dict]:
-    """(b) spread of the medians of n separate invocations."""
-    print(f"(b) repeatability over {n} invocations, (max-min)/min <= 1%")
-    rows = []
-    for kernel in REPEAT_KERNELS:
-        vals = [run.fresh(kernel) for _ in range(n)]
-        good = [v for v in vals if v is not None]
-        spread = (max(good) - min(good)) / min(good) if len(good) == n else None
-        ok = spread is not None and spread <= 0.01
-        rows.append({"kernel": " ".join(kernel), "cycles": vals, "spread": spread, "pass": ok})
-        print(f"  {' '.join(kernel):<26} min {fmt(min(good, default=None))}  "
-              f"max {fmt(max(good, default=None))}  spread {fmt(spread, '.3%'):>7}  "
-              f"{'PASS' if ok else 'FAIL'}")
-    return rows
-
-
 def linearity(run: Runner) -> list[dict]:
     """(c) A*2 must cost twice A (cycles are per kernel instance)."""
-    print("(c) linearity: cycles(A*2) / cycles(A) within 2% of 2")
+    print("(c) linearity: cycles(A*2) / cycles(A) within 1% of 2")
     rows = []
-    for form in LINEAR_FORMS:
+    for form in FORMS:
         one, two = run.cycles([form]), run.cycles([f"{form}*2"])
         ratio = None if one is None or two is None else two / one
-        ok = ratio is not None and abs(ratio / 2 - 1) <= 0.02
+        ok = ratio is not None and abs(ratio / 2 - 1) <= 0.01
         rows.append({"form": form, "cycles": one, "cycles_x2": two, "ratio": ratio, "pass": ok})
         print(f"  {form:<26} A {fmt(one)}  A*2 {fmt(two)}  ratio {fmt(ratio, '.4f')}  "
               f"{'PASS' if ok else 'FAIL'}")
@@ -143,8 +153,8 @@ def main() -> int:
     if not a.cpumap:
         p.error("cpumap executable not found; pass --cpumap")
     run = Runner(a.cpumap, a.results, a.cpu, a.repeat)
-    report = {"cpu": a.cpu, "agreement": agreement(run, a.cpu),
-              "repeatability": repeatability(run, a.invocations),
+    rep = repeatability(run, a.invocations)
+    report = {"cpu": a.cpu, "repeatability": rep, "agreement": agreement(run, a.cpu),
               "linearity": linearity(run), "pairs": pairs(run)}
     counts = {k: (sum(r["pass"] for r in v), len(v)) for k, v in report.items() if k != "cpu"}
     report["summary"] = {k: {"pass": p_, "total": t} for k, (p_, t) in counts.items()}

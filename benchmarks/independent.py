@@ -59,6 +59,12 @@ KERNELS: dict[str, tuple[Callable[[int], str], list[str]]] = {
                            zero_vec("ymm", range(16))),
     "VPADDD_YMM_YMM_YMM": (lambda i: f"vpaddd %ymm0, %ymm1, %ymm{2 + i % 14}",
                            zero_vec("ymm", range(16))),
+    "VPSHUFB_YMM_YMM_YMM": (lambda i: f"vpshufb %ymm0, %ymm1, %ymm{2 + i % 14}",
+                            zero_vec("ymm", range(16))),
+    "VMULPS_XMM_XMM_XMM": (lambda i: f"vmulps %xmm0, %xmm1, %xmm{2 + i % 14}",
+                           zero_vec("ymm", range(16))),
+    "VFMADD231PD_YMM_YMM_YMM": (lambda i: f"vfmadd231pd %ymm0, %ymm1, %ymm{2 + i % 14}",
+                                zero_vec("ymm", range(16))),
     "VADDPD_ZMM_ZMM_ZMM": (lambda i: f"vaddpd %zmm0, %zmm1, %zmm{2 + i % 24}",
                            zero_vec("zmm", range(26))),
     "VMULPD_ZMM_ZMM_ZMM": (lambda i: f"vmulpd %zmm0, %zmm1, %zmm{2 + i % 24}",
@@ -178,9 +184,23 @@ def measure(forms: list[str], cpu: int, unroll: int, runs: int, target_ms: float
     return res
 
 
+def host_flags() -> set[str]:
+    """CPU flags of /proc/cpuinfo (the first processor)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def runnable(forms: list[str]) -> list[str]:
+    """The forms this CPU can run: zmm forms need AVX-512 (not on Zen 3)."""
+    avx512 = "avx512f" in host_flags()
+    return [f for f in forms if avx512 or "ZMM" not in f]
+
+
 def main() -> int:
     """Parse arguments, measure, print a table or JSON."""
-    forms = [f for f in KERNELS if not f.startswith("_")]
+    forms = runnable([f for f in KERNELS if not f.startswith("_")])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("forms", nargs="*", default=forms, help=f"subset of: {' '.join(forms)}")
     p.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)),

@@ -18,8 +18,9 @@
  * touched by the thread that uses them.
  *
  * Usage: bw_sweep --kinds read,write,copy,triad,ntwrite --sizes 16384,1048576,...
- *                 --cpus 0,1 --reps K --min-ms M [--quiet-reps Q --max-reps R]
- * (at least K repetitions per point; more, up to R, until Q of them ran undisturbed)
+ *                 --cpus 0,1 --reps K --min-ms M [--quiet-reps Q --max-reps R --point-ms B]
+ * (at least K repetitions per point; more, up to R, until Q of them ran undisturbed and the
+ * point's repetitions took B ms in all)
  * Output: one JSON line per (kind, size) on stdout, then a final {"done": ...} line.
  * Exit codes: 0 ok, 2 bad arguments, 1 allocation or thread failure.
  */
@@ -232,7 +233,7 @@ int main(int argc, char **argv)
 {
     long sizes[MAX_SIZES], cpus[MAX_THREADS];
     int nsizes = 0, ncpus = 0, reps = 3, quiet_reps = 0, max_reps = 64;
-    double min_ms = 20.0;
+    double min_ms = 20.0, point_ms = 0.0;
     int kinds[K_COUNT], nkinds = 0;
     (void)papi_start; /* the shared header's PAPI helper is not needed for bandwidth */
     for (int i = 1; i < argc; i++) {
@@ -252,6 +253,8 @@ int main(int argc, char **argv)
             max_reps = atoi(val);
         } else if (!strcmp(opt, "--min-ms")) {
             min_ms = atof(val);
+        } else if (!strcmp(opt, "--point-ms")) {
+            point_ms = atof(val);
         } else if (!strcmp(opt, "--kinds")) {
             char tmp[256];
             snprintf(tmp, sizeof tmp, "%s", val);
@@ -338,15 +341,22 @@ int main(int argc, char **argv)
             uint64_t span[64];
             long sw[64];
             /* at least `reps` repetitions, more (up to max_reps) until `quiet_reps` of them ran
-             * without a context switch of any measuring thread */
+             * without a context switch of any measuring thread, and more still while the
+             * point has used less than point_ms: many short repetitions where a pass is short
+             * (cache-resident sizes: one of them falls in a quiet moment of a shared host),
+             * few where a pass takes milliseconds anyway (DRAM) */
             int nr = 0, quiet = 0;
-            for (int r = 0; r < max_reps && (r < reps || quiet < quiet_reps); r++, nr++) {
+            double point_ns = 0.0;
+            for (int r = 0; r < max_reps && (r < reps || quiet < quiet_reps ||
+                                             point_ns < point_ms * 1e6);
+                 r++, nr++) {
                 pthread_barrier_wait(&sh.start);
                 uint64_t t0 = tsc_begin();
                 double n0 = now_ns();
                 pthread_barrier_wait(&sh.stop);
                 span[r] = tsc_end() - t0;
                 ns[r] = now_ns() - n0;
+                point_ns += ns[r];
                 sw[r] = max_switches(ws, ncpus);
                 quiet += sw[r] == 0;
                 /* the slowest thread's own span: barrier wake-ups are not in it */
@@ -388,6 +398,7 @@ int main(int argc, char **argv)
 usage:
     fprintf(stderr, "usage: bw_sweep --kinds read,write,copy,triad,ntwrite --sizes B1,B2,... "
                     "--cpus C1,C2,... [--reps K] [--min-ms M] [--quiet-reps Q] [--max-reps R]"
+                    " [--point-ms B]"
                     "  (sizes >= %d bytes)\n",
             CHUNK * 3);
     return 2;

@@ -3,8 +3,20 @@
  *
  * Loads one batch shared object (ABI in CONTRACTS: cpumap_abi_version = 1, cpumap_nkernels,
  * cpumap_arena_bytes, cpumap_kernels[]), pins itself to one CPU, and for every kernel times
- * f1 (U copies of the kernel per iteration) and f2 (2U copies) K times.  The caller takes the
- * difference f2 - f1, which cancels the call, loop and timer overheads (nanoBench style).
+ * f1 (U copies of the kernel per iteration) and f2 (2U copies), repeatedly.  The caller takes
+ * the difference f2 - f1, which cancels the call, loop and timer overheads (nanoBench style).
+ *
+ * Many short repetitions, stopped when the estimate is stable (see README "Measurement"): on a
+ * shared host a neighbour slows some calls down and never speeds one up, so the caller
+ * estimates each call's undisturbed duration from the low end of its repetitions
+ * (robust_low), not from their median.  The iterations per call are scaled so that an f2 call
+ * lasts about --call-us microseconds (short enough for many undisturbed windows, long enough
+ * that the TSC's step, 26 ticks on the reference guest, is 0.1 % of a call).  Every
+ * --calib-every repetitions a calibration sample is taken (an n and a 2n dependent add chain),
+ * so the core-cycles-per-tick ratio is estimated, the same robust way, from samples spread
+ * over the kernel's own measurement.  Repetitions stop at the first checkpoint (--reps, then
+ * each doubling) where the estimate of all repetitions and of their first half agree within
+ * --stable-ppm, or at --max-reps or --budget-ms (the kernel is then reported unstable).
  *
  * Clock, chosen at run time:
  *   papi            PAPI_TOT_CYC and PAPI_TOT_INS are counted (instructions "counted").
@@ -25,6 +37,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <papi.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -44,6 +57,8 @@
 #define ARENA_PATTERN 0x3FF1111111111111ULL
 #define CALIB_RUNS 7
 #define CALIB_WARMUP_NS 20000000L /* spin this long first so the core leaves its idle clock */
+#define LOOPS_AGREE 0.005 /* cpumap.measure.estimate.LOOPS_AGREE */
+#define CALL_OVERHEAD_MAX_TICKS 450 /* ~ cpumap.measure.estimate.CALL_OVERHEAD_MAX (600 cycles) */
 
 struct cpumap_kernel {
     const char *id;
@@ -55,6 +70,7 @@ struct cpumap_kernel {
 struct sample { /* one repetition of one kernel */
     uint64_t ticks1, ticks2;
     long long cycles1, cycles2, insns1, insns2;
+    long long cal1, cal2; /* ticks of the n and 2n calibration chains, -1 if none taken */
 };
 
 /* TSC ticks per nanosecond, measured over the first calibration's warm-up (for --max-call-us). */
@@ -80,22 +96,6 @@ static void calibrate(const char *when, uint64_t adds)
     printf("calib\t%s\t%.6f\t%llu\t%llu\n", when, (double)total / (double)best,
            (unsigned long long)best, (unsigned long long)total);
     fflush(stdout);
-}
-
-/* Per-kernel calibration: the core clock of a VM drifts (seen: 1.384 -> 1.423 cycles/tick
- * within a batch), so the ratio is measured again right before each kernel, shortly (min of
- * KCALIB_RUNS chains of KCALIB_ITERS x 1000 adds, ~70 us), and printed as
- * `kcalib <index> <ticks> <adds>`. The batch-wide before/after calibrations stay as a check. */
-#define KCALIB_RUNS 5
-#define KCALIB_ITERS 50
-static void calibrate_kernel(uint64_t index)
-{
-    /* n/2n difference, as for kernels: the timer and loop start-up costs cancel */
-    uint64_t best = calib_ticks(KCALIB_ITERS, KCALIB_RUNS);
-    /* integers only: a floating-point division here would leave the inexact flag set in
-     * MXCSR right before the kernel; the supervisor computes adds / ticks */
-    printf("kcalib\t%llu\t%llu\t%llu\n", (unsigned long long)index, (unsigned long long)best,
-           (unsigned long long)(KCALIB_ITERS * CALIB_UNROLL));
 }
 
 /* ---------------------------------------------------------------- fault recovery */
@@ -189,15 +189,62 @@ static inline void timed_call(void (*f)(uint64_t, void *), uint64_t iters, void 
     *ticks = t1 - t0;
 }
 
-/* Longest a single f2 call may take, in TSC ticks (0: no limit). A kernel whose f2 call takes
- * longer runs with proportionally fewer iterations (at least one): slow instructions (RDSEED,
- * VERW: ~2,000 cycles each) would otherwise take seconds for no better precision. */
-static uint64_t max_call_ticks = 0;
+/* How a kernel is measured (options of the same names; see the header comment). */
+struct plan {
+    uint64_t call_ticks;  /* target ticks of one f2 call (0: the table's iterations) */
+    long reps, max_reps;  /* first checkpoint, last repetition */
+    double stable;        /* relative agreement that stops the repetitions */
+    uint64_t budget_ticks;/* measuring time per kernel (0: no limit) */
+    long calib_every;     /* repetitions per calibration sample */
+    uint64_t calib_iters; /* calibration chain: calib_iters x CALIB_UNROLL adds, then twice that */
+};
 
-/* Warm up and measure one kernel into out[0..reps), with *iters_used iterations per call.
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The undisturbed value of a timed quantity from its repetitions: interference only makes a
+ * call longer, so the answer is at the low end; the mean of the samples within ROBUST_WIDTH
+ * of the smallest (at least one TSC step, ROBUST_STEP ticks) averages the timer's steps away
+ * instead of picking the lowest one.  cpumap.measure.estimate.robust_low is the same. */
+#define ROBUST_WIDTH 0.003
+#define ROBUST_STEP 32
+static double robust_low(const uint64_t *x, long n, uint64_t *tmp)
+{
+    if (n <= 0)
+        return 0.0;
+    memcpy(tmp, x, (size_t)n * sizeof *tmp);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_u64);
+    double base = (double)tmp[0], lim = base * (1.0 + ROBUST_WIDTH);
+    if (lim < base + ROBUST_STEP)
+        lim = base + ROBUST_STEP;
+    double sum = 0.0;
+    long m = 0;
+    for (long i = 0; i < n && (double)tmp[i] <= lim; i++, m++)
+        sum += (double)tmp[i];
+    return sum / (double)m;
+}
+
+/* Ticks of U instances from the first n repetitions: f2 - f1 where both loops run at one
+ * speed per instance (the implied overhead 2 f1 - f2 is a call's fixed cost), else the faster
+ * loop's own (cpumap.measure.estimate.per_instance). */
+static double estimate(const uint64_t *t1, const uint64_t *t2, long n, uint64_t *tmp)
+{
+    double r1 = robust_low(t1, n, tmp), r2 = robust_low(t2, n, tmp);
+    double overhead = 2.0 * r1 - r2;
+    if (overhead >= -LOOPS_AGREE * r1 && overhead <= LOOPS_AGREE * r1 + CALL_OVERHEAD_MAX_TICKS)
+        return r2 - r1;
+    return r1 < r2 / 2.0 ? r1 : r2 / 2.0;
+}
+
+/* Warm up and measure one kernel into out[], *n_used repetitions with *iters_used iterations
+ * per call; *stable says whether the repetitions stopped at a checkpoint (not at a limit).
  * Returns 0, or the signal that stopped it (SIGALRM = timeout). */
-static int run_kernel(const struct cpumap_kernel *k, void *arena, long reps, long warmup,
-                      long timeout_ms, int papi, struct sample *out, uint64_t *iters_used)
+static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct plan *pl,
+                      long warmup, long timeout_ms, int papi, struct sample *out,
+                      uint64_t *scratch, uint64_t *iters_used, long *n_used, int *stable)
 {
     int sig = sigsetjmp(kernel_jmp, 1); /* 1: restore the signal mask on the way back */
     if (sig != 0) {
@@ -208,30 +255,53 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, long reps, lon
     in_kernel = 1;
     set_timer(timeout_ms);
     uint64_t iters = k->iters;
-    if (max_call_ticks > 0) {
+    if (pl->call_ticks > 0) {
+        /* scale the iterations so that an f2 call lasts about call_ticks (the first call is
+         * cold: time the second) */
+        k->f2(iters, arena);
         uint64_t t0 = tsc_begin();
         k->f2(iters, arena);
         uint64_t t = tsc_end() - t0;
-        if (t > max_call_ticks) {
-            iters = (uint64_t)((double)iters * (double)max_call_ticks / (double)t);
-            if (iters < 1)
-                iters = 1;
-        }
+        double want = (double)iters * (double)pl->call_ticks / (double)(t ? t : 1);
+        iters = want < 1.0 ? 1 : (uint64_t)(want + 0.5);
     }
     *iters_used = iters;
     for (long w = 0; w < warmup; w++) {
         k->f1(iters, arena);
         k->f2(iters, arena);
     }
-    for (long r = 0; r < reps; r++) {
-        struct sample *s = &out[r];
+    uint64_t *t1 = scratch, *t2 = scratch + pl->max_reps, *tmp = scratch + 2 * pl->max_reps;
+    uint64_t started = tsc_begin();
+    long next_check = pl->reps, n = 0;
+    *stable = 0;
+    while (n < pl->max_reps) {
+        struct sample *s = &out[n];
+        s->cal1 = s->cal2 = -1;
+        if (n % pl->calib_every == 0) {
+            s->cal1 = (long long)calib_once(pl->calib_iters);
+            s->cal2 = (long long)calib_once(2 * pl->calib_iters);
+        }
         s->cycles1 = s->cycles2 = -1;
-        /* static counts hold for the table's iteration count only; -1 when it was reduced */
+        /* static counts hold for the table's iteration count only; -1 when it was changed */
         s->insns1 = iters == k->iters ? (long long)k->insns1 : -1;
         s->insns2 = iters == k->iters ? (long long)k->insns2 : -1;
         timed_call(k->f1, iters, arena, papi, &s->ticks1, &s->cycles1, &s->insns1);
         timed_call(k->f2, iters, arena, papi, &s->ticks2, &s->cycles2, &s->insns2);
+        t1[n] = s->ticks1;
+        t2[n] = s->ticks2;
+        n++;
+        if (n == next_check) {
+            double all = estimate(t1, t2, n, tmp), half = estimate(t1, t2, n / 2, tmp);
+            if (all > 0 && fabs(half / all - 1.0) <= pl->stable) {
+                *stable = 1;
+                break;
+            }
+            next_check *= 2;
+        }
+        if (pl->budget_ticks > 0 && n >= pl->reps && tsc_end() - started > pl->budget_ticks)
+            break; /* over budget: stop, reported unstable */
     }
+    *n_used = n;
     in_kernel = 0;
     set_timer(0);
     return 0;
@@ -254,7 +324,8 @@ static _Noreturn void usage(void)
 {
     fputs("usage: papi_bench --so PATH --reps K --warmup W [--cpu C] [--timeout-ms T]\n"
           "                  [--start I] [--count N] [--clock auto|tsc|papi] [--calib-adds N]\n"
-          "                  [--max-call-us US]\n",
+          "                  [--call-us US] [--max-reps M] [--stable-ppm P] [--budget-ms B]\n"
+          "                  [--calib-every E] [--kcalib-adds N] [--kernels I,J,...]\n",
           stderr);
     exit(2);
 }
@@ -314,15 +385,19 @@ static void *need_sym(void *h, const char *name, const char *so)
 
 int main(int argc, char **argv)
 {
-    const char *so = NULL, *clock_opt = "auto";
+    const char *so = NULL, *clock_opt = "auto", *list_opt = NULL;
     long long reps = -1, warmup = -1, cpu = -1, timeout_ms = 10000, start = 0, count = -1;
-    long long calib_adds = 2000000, max_call_us = 0;
+    long long calib_adds = 2000000, call_us = 0, max_reps = 0, stable_ppm = 5000,
+              budget_ms = 0, calib_every = 8, kcalib_adds = 20000;
     static const struct option opts[] = {
-        {"so", required_argument, 0, 's'},         {"reps", required_argument, 0, 'k'},
-        {"warmup", required_argument, 0, 'w'},     {"cpu", required_argument, 0, 'c'},
-        {"timeout-ms", required_argument, 0, 't'}, {"start", required_argument, 0, 'i'},
-        {"count", required_argument, 0, 'n'},      {"clock", required_argument, 0, 'l'},
-        {"calib-adds", required_argument, 0, 'a'}, {"max-call-us", required_argument, 0, 'm'},
+        {"so", required_argument, 0, 's'},          {"reps", required_argument, 0, 'k'},
+        {"warmup", required_argument, 0, 'w'},      {"cpu", required_argument, 0, 'c'},
+        {"timeout-ms", required_argument, 0, 't'},  {"start", required_argument, 0, 'i'},
+        {"count", required_argument, 0, 'n'},       {"clock", required_argument, 0, 'l'},
+        {"calib-adds", required_argument, 0, 'a'},  {"call-us", required_argument, 0, 'm'},
+        {"max-reps", required_argument, 0, 'M'},    {"stable-ppm", required_argument, 0, 'S'},
+        {"budget-ms", required_argument, 0, 'B'},   {"calib-every", required_argument, 0, 'E'},
+        {"kcalib-adds", required_argument, 0, 'K'}, {"kernels", required_argument, 0, 'L'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -336,7 +411,13 @@ int main(int argc, char **argv)
         case 'n': count = parse_num("count", optarg, 0); break;
         case 'l': clock_opt = optarg; break;
         case 'a': calib_adds = parse_num("calib-adds", optarg, CALIB_UNROLL); break;
-        case 'm': max_call_us = parse_num("max-call-us", optarg, 0); break;
+        case 'm': call_us = parse_num("call-us", optarg, 0); break;
+        case 'M': max_reps = parse_num("max-reps", optarg, 0); break;
+        case 'S': stable_ppm = parse_num("stable-ppm", optarg, 0); break;
+        case 'B': budget_ms = parse_num("budget-ms", optarg, 0); break;
+        case 'E': calib_every = parse_num("calib-every", optarg, 1); break;
+        case 'K': kcalib_adds = parse_num("kcalib-adds", optarg, CALIB_UNROLL); break;
+        case 'L': list_opt = optarg; break;
         default: usage(); /* getopt_long already said what was wrong */
         }
     }
@@ -352,6 +433,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "papi_bench: bad --clock '%s'\n", clock_opt);
         usage();
     }
+    if (max_reps < reps)
+        max_reps = reps; /* no --max-reps: exactly --reps repetitions */
 
     /* Load the batch and check the ABI. */
     void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
@@ -375,6 +458,30 @@ int main(int argc, char **argv)
         usage();
     }
     uint64_t end = count >= 0 ? (uint64_t)(start + count) : nk;
+    /* the kernels to measure, in order: --kernels I,J,... or start..end-1 */
+    uint64_t *order = calloc(nk ? nk : 1, sizeof *order);
+    uint64_t norder = 0;
+    if (order == NULL) {
+        fputs("papi_bench: out of memory\n", stderr);
+        return 1;
+    }
+    if (list_opt != NULL) {
+        for (const char *p = list_opt; *p;) {
+            char *e;
+            errno = 0;
+            unsigned long long v = strtoull(p, &e, 10);
+            if (errno != 0 || e == p || v >= nk || norder >= nk || (*e != ',' && *e != '\0')) {
+                fprintf(stderr, "papi_bench: bad --kernels '%s' (indices below %llu)\n", list_opt,
+                        (unsigned long long)nk);
+                usage();
+            }
+            order[norder++] = v;
+            p = *e == ',' ? e + 1 : e;
+        }
+    } else {
+        for (uint64_t i = (uint64_t)start; i < end; i++)
+            order[norder++] = i;
+    }
 
     pin_cpu((long)cpu);
 
@@ -390,8 +497,9 @@ int main(int argc, char **argv)
 
     size_t alloc = ((arena_bytes + 4095) / 4096) * 4096;
     uint64_t *arena = aligned_alloc(4096, alloc ? alloc : 4096);
-    struct sample *samples = calloc((size_t)reps, sizeof *samples);
-    if (arena == NULL || samples == NULL) {
+    struct sample *samples = calloc((size_t)max_reps, sizeof *samples);
+    uint64_t *scratch = calloc((size_t)max_reps * 3, sizeof *scratch);
+    if (arena == NULL || samples == NULL || scratch == NULL) {
         fputs("papi_bench: out of memory\n", stderr);
         return 1;
     }
@@ -399,10 +507,17 @@ int main(int argc, char **argv)
 
     printf("clock\t%s\t%s\n", papi ? "papi" : "tsc-calibrated", papi ? "counted" : "derived");
     calibrate("before", (uint64_t)calib_adds);
-    max_call_ticks = (uint64_t)((double)max_call_us * 1000.0 * tsc_per_ns);
+    struct plan pl = {
+        .call_ticks = (uint64_t)((double)call_us * 1000.0 * tsc_per_ns),
+        .reps = (long)reps, .max_reps = (long)max_reps, .stable = (double)stable_ppm * 1e-6,
+        .budget_ticks = (uint64_t)((double)budget_ms * 1e6 * tsc_per_ns),
+        .calib_every = (long)calib_every,
+        .calib_iters = (uint64_t)((kcalib_adds + CALIB_UNROLL - 1) / CALIB_UNROLL),
+    };
 
     long n_ok = 0, n_failed = 0;
-    for (uint64_t i = (uint64_t)start; i < end; i++) {
+    for (uint64_t pos = 0; pos < norder; pos++) {
+        uint64_t i = order[pos];
         const struct cpumap_kernel *k = &kernels[i];
         const char *id = safe_id(k->id);
         if (k->f1 == NULL || k->f2 == NULL) {
@@ -412,22 +527,25 @@ int main(int argc, char **argv)
             continue;
         }
         fill_arena(arena, arena_bytes);
-        calibrate_kernel(i);
         uint64_t iters_used = k->iters;
-        int sig = run_kernel(k, arena, (long)reps, (long)warmup, (long)timeout_ms, papi, samples,
-                             &iters_used);
+        long n_used = 0;
+        int stable = 0;
+        int sig = run_kernel(k, arena, &pl, (long)warmup, (long)timeout_ms, papi, samples,
+                             scratch, &iters_used, &n_used, &stable);
         if (sig != 0) {
             printf("fail\t%llu\t%s\t%s\n", (unsigned long long)i, id, signal_name(sig));
             n_failed++;
         } else {
             printf("iters\t%llu\t%llu\n", (unsigned long long)i, (unsigned long long)iters_used);
-            for (long long r = 0; r < reps; r++) {
+            for (long r = 0; r < n_used; r++) {
                 const struct sample *s = &samples[r];
-                printf("row\t%llu\t%s\t%lld\t%llu\t%llu\t%lld\t%lld\t%lld\t%lld\n",
+                printf("row\t%llu\t%s\t%ld\t%llu\t%llu\t%lld\t%lld\t%lld\t%lld\t%lld\t%lld\n",
                        (unsigned long long)i, id, r, (unsigned long long)s->ticks1,
                        (unsigned long long)s->ticks2, s->cycles1, s->cycles2, s->insns1,
-                       s->insns2);
+                       s->insns2, s->cal1, s->cal2);
             }
+            printf("end\t%llu\t%ld\t%d\t%llu\n", (unsigned long long)i, n_used, stable,
+                   (unsigned long long)(pl.calib_iters * CALIB_UNROLL));
             n_ok++;
         }
         fflush(stdout);

@@ -40,23 +40,15 @@ def test_measure_rejects_with_exit_2(results, instr, needle):
     assert proc.stdout == ""
 
 
-def fastest(results: Path, *kernels: str, tries: int = 4) -> list[dict]:
-    """Each kernel's fastest of a few invocations (by ``cycles_min``, each call at its fastest
-    over the repetitions), the kernels' invocations interleaved.
-
-    Interference on a shared host only ever slows a kernel down, and it comes in bursts
-    lasting seconds or whole processes (a busy neighbour once made `add` 30 % slower for a
-    whole invocation; in a CI run, 15 % slower for three invocations in a row while the kernel
-    measured just after ran at full speed; on a noisy afternoon, `add` alone measured from
-    0.25 to 0.49 cycles over six invocations, its fastest calls 0.2496 to 0.48): interleaving
-    puts a burst on every kernel compared, and the fastest calls need only one undisturbed
-    repetition of each call per invocation.
-    """
+def fastest(results: Path, *kernels: str, tries: int = 2) -> list[dict]:
+    """Each kernel's fastest of a few invocations (by ``cycles``), the kernels' invocations
+    interleaved: a burst of interference on a shared host lasts seconds to minutes, so it
+    falls on every kernel compared, and it only ever slows a kernel down."""
     outs: list[list[dict]] = [[] for _ in kernels]
     for _ in range(tries):
         for out, kernel in zip(outs, kernels, strict=True):
             out.append(json.loads(run(results, "measure", "--json", "--force", kernel).stdout))
-    return [min(out, key=lambda o: o["cycles_min"]) for out in outs]
+    return [min(out, key=lambda o: o["cycles"]) for out in outs]
 
 
 def test_measure_json_add_and_linearity(results):
@@ -64,13 +56,15 @@ def test_measure_json_add_and_linearity(results):
     one, two = fastest(results, "addq %rax, %rbx", "ADD_R64_R64*2")
     assert one["forms"] == ["ADD_R64_R64"] and one["n_insns"] == 1
     assert one["clock"] in ("papi", "tsc-calibrated")
-    # a repetition disturbed so much that f2 - f1 <= 0 is stored as failed, never as ok
-    assert one["repetitions"] + one["failed_repetitions"] == 10
-    assert one["repetitions"] >= 5
+    assert one["repetitions"] >= 16  # bench.min_reps, then more until stable
     # at most 8 simple integer ALUs on any x86 core, at least one per cycle
     assert 0.12 <= one["cycles"] <= 1.0
     assert one["ipc"] == pytest.approx(1 / one["cycles"])
-    assert two["cycles_min"] == pytest.approx(2 * one["cycles_min"], rel=0.05), (one, two)
+    # the uncertainty each measurement reports bounds the comparison (2 % for the rest: the
+    # calibration and the TSC's steps)
+    tol = 0.02 + 2 * (one["uncertainty"] + two["uncertainty"])
+    assert two["cycles"] == pytest.approx(2 * one["cycles"], rel=tol), (one, two)
+    assert one["host_noise"] is not None and one["cycles_median"] > 0
 
 
 def test_measure_is_cached_then_forced(results):

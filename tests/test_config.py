@@ -49,7 +49,7 @@ def test_defaults_fill_an_empty_config() -> None:
         {"bench": {"unrol_size": 100}},
         {"bench": {"clock": "rdtsc"}},
         {"bench": {"arena_bytes": 5000}},
-        {"bench": {"num_measures": 0}},
+        {"bench": {"min_reps": 0}},
         {"machine": {"backend": "simulated"}},  # simulated needs a mapping
         {"selection": {"forms": "some"}},
     ],

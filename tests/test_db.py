@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from cpumap.store import db
 from cpumap.store.files import CorruptFileError
 
-PARAMS = {"unroll_size": 200, "total_insn": 200000, "num_measures": 3}
+PARAMS = {"unroll_size": 200, "total_insn": 200000, "min_reps": 3}
 
 
 def make_rows(
@@ -72,7 +73,8 @@ def test_schema_has_the_contract_columns() -> None:
         "machine_id", "host", "backend", "kernel_id", "kernel", "n_insns", "params_id",
         "params", "harness_version", "batch_id", "rep", "status", "error", "clock",
         "insn_source", "ticks1", "ticks2", "cycles1", "cycles2", "calib_ratio", "instances",
-        "instructions", "cycles", "cycles_per_instance", "timestamp",
+        "instructions", "cycles", "cycles_per_instance", "timestamp", "cal1", "cal2",
+        "cal_adds", "stable", "role", "round",
     ]  # fmt: skip
     assert str(db.SCHEMA.field("timestamp").type) == "timestamp[us, tz=UTC]"
 
@@ -154,29 +156,6 @@ def test_load_filters_machine_and_handles_missing_dir(tmp_path: Path) -> None:
     assert empty.empty and list(empty.columns) == db.COLUMNS
 
 
-def test_aggregate() -> None:
-    rows = pd.concat(
-        [
-            make_rows("b0", {"A*2 B": [1.0, 0.8, 1.2, 0.9]}),
-            make_rows("b0", {"C": [5.0]}, status="failed"),
-        ]
-    )
-    agg = db.aggregate(rows)
-    assert list(agg.columns) == db.AGG_COLUMNS
-    assert len(agg) == 1
-    row = agg.iloc[0]
-    assert row["kernel"] == "A*2 B"
-    assert row["n_insns"] == 3
-    assert row["reps"] == 4
-    assert row["cycles_per_instance_median"] == pytest.approx(0.95)
-    # fastest f2 minus fastest f1 (rep 1 has the fastest f1 and f2)
-    assert row["cycles_per_instance_min"] == pytest.approx(0.8, abs=1e-4)
-    assert row["loops_disagree"] == 0.0 and row["nonlinearity"] == pytest.approx(0, abs=0.01)
-    assert row["ipc"] == pytest.approx(3 / 0.95)
-    assert row["clock"] == "tsc-calibrated"
-    assert db.aggregate(rows[rows.status == "failed"]).empty
-
-
 def test_params_id() -> None:
     a = db.params_id({"a": 1, "b": [1, 2]})
     assert a == db.params_id({"b": [1, 2], "a": 1})
@@ -211,32 +190,16 @@ def test_invalid_batch_id(tmp_path: Path) -> None:
         db.append(tmp_path, make_rows("../escape", {"A": [1.0]}))
 
 
-def test_aggregate_min_is_robust_to_an_interrupted_f1() -> None:
-    """An interrupted f1 call makes one difference too small; the min must not follow it."""
-    rows = make_rows("b0", {"A": [1.0, 1.0, 1.0]})
-    rows.loc[1, "ticks1"] += 50_000  # f1 of rep 1 was interrupted (VM exit, tick, ...)
-    rows.loc[1, "cycles_per_instance"] = (
-        (rows.loc[1, "ticks2"] - rows.loc[1, "ticks1"]) * 1.7 / rows.loc[1, "instances"])
-    row = db.aggregate(rows).iloc[0]
-    assert rows["cycles_per_instance"].min() < 0.6
-    assert row["cycles_per_instance_min"] == pytest.approx(1.0, abs=1e-4)
-    # and that repetition's own value is its f2 loop's speed, 1.0 too (its loops disagree)
-    assert row["cycles_per_instance_median"] == pytest.approx(1.0, abs=1e-4)
-    assert row["loops_disagree"] == pytest.approx(1 / 3)
-
-
-def test_loops_at_two_speeds_give_the_faster_loop() -> None:
-    """Measured on Zen 4 (ADD m64,r64 x 4 + 10 vector ALU ops): the U-copy loop at 4.0 cycles
-    per instance, the 2U-copy loop at 5.4, so f2 - f1 = 6.8, the speed of neither loop."""
-    rows = make_rows("b0", {"A": [4.0, 4.0, 4.0]})
-    inst = rows["instances"]
-    rows["ticks1"] = (4.0 * inst / 1.7).astype("int64")
-    rows["ticks2"] = (5.4 * 2 * inst / 1.7).astype("int64")
-    rows["cycles_per_instance"] = (rows.ticks2 - rows.ticks1) * 1.7 / inst
-    row = db.aggregate(rows).iloc[0]
-    assert row["cycles_per_instance_median"] == pytest.approx(4.0, abs=1e-4)
-    assert row["cycles_per_instance_min"] == pytest.approx(4.0, abs=1e-4)
-    assert row["loops_disagree"] == 1.0
-    assert row["nonlinearity"] == pytest.approx(6.8 / 5.4 - 1, abs=1e-4)
-    # within LOOPS_AGREE the difference stands (it cancels the call overhead)
-    assert db.per_instance(pd.Series([1.0]), pd.Series([1.015]), pd.Series([1.0])).item() == 1.0
+def test_parts_written_before_the_optional_columns_still_load(tmp_path: Path) -> None:
+    """A part of the schema before cal1/cal2/cal_adds/stable/role (an archived results
+    directory) reads with their defaults: role 'kernel', the others null."""
+    rows = make_rows("b0", {"A": [1.0, 1.1]})
+    old = db.to_table(rows).drop_columns(list(db.OPTIONAL))
+    path = tmp_path / "part-b0.parquet"
+    pq.write_table(old, path)
+    back = db.load(tmp_path)
+    assert list(back.columns) == db.COLUMNS
+    assert back["role"].tolist() == ["kernel", "kernel"]
+    assert back["cal1"].isna().all() and back["stable"].isna().all()
+    assert db.measured_keys(tmp_path, rows.machine_id[0], rows.params_id[0], "1") == {
+        rows.kernel_id[0]}

@@ -6,9 +6,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from cpumap.measure import harness
+from cpumap.measure import estimate, harness
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness"
 ADDS_PER_INSTANCE_DIFF = 100 * 20000  # addchain.s: U = 100 adds per iteration, 20000 iterations
@@ -34,17 +35,22 @@ def _rows_by_kernel(res: harness.BatchResult) -> dict[int, list[dict]]:
     return by
 
 
-def _fastest_calls(rows: list[dict]) -> dict:
-    """Each call (f1, f2) at its fastest over the repetitions: a KVM guest sees a third or so
-    of ~1 ms calls stretched by 2-10 % (host interrupts, steal), and the minimum of each call
-    is not biased the way the minimum of per-repetition differences is (nanoBench's estimator,
-    as db.aggregate's cycles_per_instance_min)."""
-    return {c: min(r[c] for r in rows) for c in ("ticks1", "ticks2", "cycles1", "cycles2")}
+def _per_add(rows: list[dict]) -> float:
+    """Cycles per add of one kernel's f2 - f1, by the pipeline's estimator: each call kind's
+    undisturbed duration from its repetitions (cpumap.measure.estimate), never a repetition's
+    own difference."""
+    ratio = rows[0]["calib_ratio"]
+    c1 = np.array([r["ticks1"] for r in rows]) * ratio
+    c2 = np.array([r["ticks2"] for r in rows]) * ratio
+    step = estimate.ROBUST_STEP_TICKS * ratio
+    cycles, _ = estimate.kernel_estimate(c1, c2, step, estimate.CALL_OVERHEAD_MAX)
+    return cycles / (rows[0].get("iters", 20000) * 100)
 
 
 def _typical_per_add(res: harness.BatchResult) -> float:
-    """The one-chain kernel's median repetition (of 9), cycles per add."""
-    return sorted(res.cycles(r) / ADDS_PER_INSTANCE_DIFF for r in res.rows if r["index"] == 0)[4]
+    """The one-chain kernel's median repetition, cycles per add."""
+    vals = sorted(res.cycles(r) / ADDS_PER_INSTANCE_DIFF for r in res.rows if r["index"] == 0)
+    return vals[len(vals) // 2]
 
 
 def _check_clock(res: harness.BatchResult) -> None:
@@ -77,7 +83,7 @@ def test_add_chain_runs_at_one_cycle_per_add(build):
         assert all(r["cycles1"] == -1 == r["cycles2"] for r in res.rows)
         assert by[0][0]["insns1"] == 20000 * 102 + 1 and by[0][0]["insns2"] == 20000 * 202 + 1
     # Latency-bound: one chain -> 1 cycle per add; two interleaved chains -> 0.5.
-    per_add = [res.cycles(_fastest_calls(by[k])) / ADDS_PER_INSTANCE_DIFF for k in (0, 1)]
+    per_add = [_per_add(by[k]) for k in (0, 1)]
     assert per_add[0] == pytest.approx(1.0, abs=0.05)
     assert per_add[1] == pytest.approx(0.5, abs=0.05)
     # The typical repetition is in the right neighbourhood too.
@@ -128,11 +134,14 @@ def test_subrange_and_cli_errors(build):
                           "--start", "1", "--count", "1", "--clock", "tsc"],
                          capture_output=True, text=True, check=True).stdout
     kinds = [line.split("\t")[0] for line in out.splitlines()]
-    assert kinds == ["clock", "calib", "kcalib", "iters", "row", "calib", "done"]
+    assert kinds == ["clock", "calib", "iters", "row", "end", "calib", "done"]
     assert out.splitlines()[0] == "clock\ttsc-calibrated\tderived"
-    assert out.splitlines()[2].split("\t")[1] == "1"
-    assert out.splitlines()[3].split("\t")[1:] == ["1", "20000"]  # iterations, unlimited
-    assert out.splitlines()[4].split("\t")[1:3] == ["1", "c0de0002"]
+    assert out.splitlines()[2].split("\t")[1:] == ["1", "20000"]  # iterations, unscaled
+    assert out.splitlines()[3].split("\t")[1:3] == ["1", "c0de0002"]
+    # the first repetition carries a calibration sample (n and 2n chains of 20,000 adds)
+    assert all(int(v) > 0 for v in out.splitlines()[3].split("\t")[10:12])
+    # one repetition cannot be judged stable (no first half to compare with)
+    assert out.splitlines()[4].split("\t")[1:] == ["1", "1", "0", "20000"]
     assert out.splitlines()[-1] == "done\t1\t0"
     usage = subprocess.run([bench, "--so", "x.so", "--reps", "0", "--warmup", "0"],
                            capture_output=True, text=True)
@@ -163,13 +172,35 @@ def test_row_cycles():
     assert res.cycles(row) == pytest.approx(300.0)
 
 
-def test_max_call_limits_iterations_and_keeps_per_add_cost(build):
-    """A call longer than --max-call-us runs with fewer iterations; cost per add is unchanged."""
+def test_call_length_scales_iterations_and_keeps_per_add_cost(build):
+    """--call-us: the iterations of a call are scaled to its target length (here far fewer
+    than the table's 20,000); the cost per add does not change."""
     res = harness.run_batch(build["addchain"], 1, reps=5, warmup=1, cpu=None, timeout_s=2,
-                            harness_bin=build["bin"], max_call_us=100)
+                            harness_bin=build["bin"], call_us=100)
     iters = {r["iters"] for r in res.rows}
     assert len(iters) == 1 and 1 <= iters.pop() < 20000
-    # f2 - f1: 100 adds per iteration
-    per_add = res.cycles(_fastest_calls(res.rows)) / (res.rows[0]["iters"] * 100)
-    assert per_add == pytest.approx(1.0, abs=0.05)
+    assert _per_add(res.rows) == pytest.approx(1.0, abs=0.05)
     assert all(r["insns1"] == -1 for r in res.rows)  # static counts no longer apply
+
+
+def test_repetitions_stop_at_a_checkpoint_or_a_limit(build):
+    """Adaptive repetitions: at least --reps, then each doubling until the estimate of all
+    repetitions and of their first half agree; a calibration sample every --calib-every
+    repetitions. Whether a kernel settles depends on the host; what it reports must be
+    consistent with the rule either way."""
+    res = harness.run_batch(build["addchain"], 2, reps=4, max_reps=64, stable_tol=0.005,
+                            warmup=1, cpu=None, timeout_s=5, harness_bin=build["bin"],
+                            call_us=200, calib_every=3)
+    for rows in _rows_by_kernel(res).values():
+        n, stable = len(rows), rows[0]["stable"]
+        assert 4 <= n <= 64 and all(r["stable"] == stable for r in rows)
+        assert n in (4, 8, 16, 32, 64) if stable else n == 64
+        assert [r["rep"] % 3 == 0 for r in rows] == [r["cal1"] > 0 for r in rows]
+        assert all(r["cal_adds"] == 20000 for r in rows)
+        assert 0.2 < rows[0]["calib_ratio"] < 5
+    # a budget ends the repetitions (after the minimum), and the kernel is not called stable
+    short = harness.run_batch(build["addchain"], 1, reps=2, max_reps=4096, stable_tol=1e-6,
+                              budget_ms=5, warmup=0, cpu=None, timeout_s=5,
+                              harness_bin=build["bin"], call_us=1000)
+    assert 2 <= len(short.rows) < 4096
+    assert all(r["stable"] is False for r in short.rows) or len(short.rows) in (2, 4, 8)

@@ -19,6 +19,27 @@ checkpoint plan_singletons:
         "../scripts/plan_singletons.py"
 
 
+rule compile_batch:
+    # Generation and compilation of a batch, a job of its own so that the next batch is
+    # compiled on one core while the previous one is measured on the other (native only).
+    input:
+        plan=ancient(SINGLETON_PLAN),
+        forms=FORMS,
+        machine=MACHINE_JSON,
+    output:
+        prepared=temp(SINGLETON_COMPILED),
+        so=temp(SINGLETON_SO),
+    log:
+        f"{LOGS}/measure/compile-{{batch}}.log",
+    params:
+        bench=config["bench"],
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/compile_batch.py"
+
+
 rule measure_batch:
     input:
         # ancient: a batch id is a hash of its kernels, so a plan rewritten with the same
@@ -27,6 +48,8 @@ rule measure_batch:
         forms=FORMS,
         machine=MACHINE_JSON,
         harness=HARNESS_BIN,
+        compiled=lambda wildcards: SINGLETON_COMPILED.format(**wildcards) if NATIVE else [],
+        so=lambda wildcards: SINGLETON_SO.format(**wildcards) if NATIVE else [],
     output:
         part=SINGLETON_PART,
     log:

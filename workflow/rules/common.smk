@@ -56,6 +56,8 @@ HARNESS_BIN = f"{MDIR}/bin/papi_bench"
 FORMS = f"{MDIR}/isa/forms.parquet"
 SINGLETON_PLAN = f"{MDIR}/bench/singletons/plan.json"
 SINGLETON_PART = f"{MDIR}/db/part-singletons-{{batch}}.parquet"
+SINGLETON_COMPILED = f"{MDIR}/bench/singletons/compiled/{{batch}}.json"
+SINGLETON_SO = f"{MDIR}/bench/singletons/compiled/{{batch}}.so"
 SINGLETON_SUMMARY = f"{MDIR}/bench/singletons/summary.tsv"
 SINGLETON_TABLE = f"{MDIR}/bench/singletons/singletons.tsv"
 MODEL_JSON = f"{MDIR}/model/model.json"
@@ -185,3 +187,23 @@ def palmed_parts(stage):
         return expand(PALMED_PART, mid=wildcards.mid, pstage=stage, batch=plan_batch_ids(plan))
 
     return parts
+
+
+# The noise monitor (db.smk): its table is read after every stage that measures.
+
+NOISE_TABLE = f"{MDIR}/monitor/noise.tsv"
+NOISE_SECTION = f"{MDIR}/monitor/section.html"
+NOISE_SUMMARY = f"{MDIR}/monitor/summary.json"
+
+
+def noise_monitor_after(wildcards):
+    """The outputs of every stage that measures: the monitor table is read after them all."""
+    mid = wildcards.mid
+    after = [SINGLETON_SUMMARY.format(mid=mid)]
+    if config["model"]["enabled"]:
+        after.append(f"{RESULTS}/{mid}/model/validation.json")
+    if SUITE_ON and "native" in eval_analyzers_run():
+        after.append(EVAL_PRED_META.format(mid=mid, analyzer="native"))
+    if ROOF["enabled"] and NATIVE:
+        after.append(ROOF_COMPUTE.format(mid=mid))
+    return after

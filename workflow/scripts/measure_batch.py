@@ -14,6 +14,7 @@ redirect_output(snakemake.log[0])
 
 from cpumap.measure.asmgen import canonical, kernel_id, parse_canonical
 from cpumap.measure.backend import batch_rows, measurement_key
+from cpumap.measure.batch import Prepared
 from cpumap.measure.campaign import read_plan
 from cpumap.measure.settings import BenchSettings
 from cpumap.model.simulate import SimulatedMachine
@@ -55,6 +56,8 @@ if not measuring:
             f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
 sim = (SimulatedMachine(backend["mapping"], backend["noise"], backend["seed"])
        if simulated else None)
+compiled = getattr(snakemake.input, "compiled", None)
+prepared = Prepared.load(compiled) if compiled else None
 rows = batch_rows(
     kernels,
     read_parquet_checked(snakemake.input.forms),
@@ -66,6 +69,7 @@ rows = batch_rows(
     sim=sim,
     skip=skip,
     progress=lambda message: print(message, flush=True),
+    prepared=prepared,
 )
 part = db.append(Path(snakemake.output.part).parent, rows, snakemake.params.batch_id)
 if part.resolve() != Path(snakemake.output.part).resolve():

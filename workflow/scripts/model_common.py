@@ -29,4 +29,8 @@ def measurer_and_config(snakemake) -> tuple[Measurer, PalmedConfig, dict]:
                         # `measure: false`: answer from the DB only (read from the config, not
                         # params, so that switching it reruns nothing)
                         measure=bool(snakemake.config.get("measure", True)))
-    return measurer, jobs.palmed_config(snakemake.params.model, noise), machine
+    config = jobs.palmed_config(snakemake.params.model, noise)
+    # a kernel whose measurement is less certain than Palmed's tolerance cannot bound an LP
+    # to that tolerance: it is left out, as a failed kernel is
+    measurer.max_uncertainty = config.tol
+    return measurer, config, machine

@@ -14,8 +14,10 @@ redirect_output(snakemake.log[0])
 
 from model_common import measurer_and_config
 
+from cpumap.evaluate import noise
+from cpumap.measure.estimate import monitor_table
 from cpumap.model import jobs, resmodel
-from cpumap.store import files
+from cpumap.store import db, files
 
 measurer, _cfg, machine = measurer_and_config(snakemake)
 model = resmodel.load(snakemake.input.model)
@@ -27,6 +29,9 @@ with open(snakemake.input.stats, encoding="utf-8") as handle:
     stats = json.load(handle)
 files.write_tsv_atomic(table, snakemake.output.table)
 files.write_json_atomic(metrics, snakemake.output.metrics)
-files.write_text_atomic(jobs.validation_report(metrics, stats, machine["machine_id"], count),
-                     snakemake.output.report)
+# how quiet the host was while the model's kernels were measured (the monitor of each batch)
+monitor = monitor_table(db.load(measurer.db_dir, machine_id=machine["machine_id"]))
+report = jobs.validation_report(metrics, stats, machine["machine_id"], count,
+                                noise.summary_line(noise.summary(monitor)))
+files.write_text_atomic(report, snakemake.output.report)
 print(json.dumps(metrics))

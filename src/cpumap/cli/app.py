@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     for option in ("repeat", "reps", "processes"):
-        if getattr(args, option, 1) < 1:
+        value = getattr(args, option, None)
+        if value is not None and value < 1:
             parser.error(f"--{option} must be at least 1")
     ctx = Context(Path(args.results))
     try:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from cpumap.cli.context import Context, UsageError, say
 from cpumap.isa import catalogue
-from cpumap.measure import asmgen, campaign, harness
+from cpumap.measure import asmgen, batch, estimate, harness
 from cpumap.measure.settings import BenchSettings
 from cpumap.store import db
 
@@ -29,29 +29,46 @@ def resolve_kernel(cat: catalogue.Catalogue, terms: list[str]) -> dict[str, int]
     return kernel
 
 
-def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool) -> dict:
-    ok = rows[rows.status == "ok"]
+def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
+              recent: pd.DataFrame | None = None) -> dict:
+    """The JSON of ``cpumap measure``; ``recent``: other rows of this machine measured lately,
+    whose calibration samples join the batch's (cpumap.measure.estimate.batch_ratios)."""
+    ok = rows[(rows.status == "ok") & (rows.role != "monitor")]
     if ok.empty:
-        errors = "; ".join(sorted(set(rows.error)))
+        errors = "; ".join(sorted(set(rows.error[rows.role != "monitor"])))
         raise RuntimeError(f"kernel {asmgen.canonical(kernel)} failed: {errors}")
-    agg = db.aggregate(ok).iloc[0]
-    cyc = float(agg["cycles_per_instance_median"])
+    pool = rows if recent is None or recent.empty else pd.concat([recent, rows])
+    agg = estimate.aggregate(ok, ratios=estimate.batch_ratios(pool)).iloc[0]
+    cyc = float(agg["cycles_per_instance_est"])
+    mon = estimate.monitor_table(rows)
     return {
         "kernel": asmgen.canonical(kernel), "kernel_id": str(agg["kernel_id"]),
         "forms": sorted(kernel), "n_insns": int(agg["n_insns"]),
-        "cycles": cyc, "cycles_min": float(agg["cycles_per_instance_min"]),
-        "ipc": float(agg["n_insns"]) / cyc, "f2_per_instance": float(agg["f2_per_instance"]),
+        "cycles": cyc, "uncertainty": float(agg["rel_uncertainty"]),
+        "unstable": bool(agg["unstable"]),
+        "cycles_median": float(agg["cycles_per_instance_median"]),
+        "noise": float(agg["noise"]), "ipc": float(agg["ipc"]),
         "nonlinearity": float(agg["nonlinearity"]),
-        "loops_disagree": float(agg["loops_disagree"]), "clock": str(ok.clock.iloc[0]),
+        "loops_disagree": bool(agg["loops_disagree"]), "clock": str(ok.clock.iloc[0]),
         "insn_source": str(ok.insn_source.iloc[0]), "repetitions": int(len(ok)),
-        "failed_repetitions": int(len(rows) - len(ok)),
-        "calib_ratio": float(ok.calib_ratio.median()), "machine_id": str(ok.machine_id.iloc[0]),
+        "calib_ratio": float(agg["calib_ratio"]), "machine_id": str(ok.machine_id.iloc[0]),
         "params_id": str(ok.params_id.iloc[0]), "cached": cached,
+        "host_noise": float(mon.noise.iloc[-1]) if len(mon) else None,
     }
 
 
+def _recent(db_dir, machine_id: str, hours: float = 1.0) -> pd.DataFrame | None:
+    """Rows of this machine and harness stored in the last ``hours``: their calibration
+    samples help estimate the core clock of a one-kernel measurement."""
+    if not db_dir.exists():
+        return None
+    rows = db.load(db_dir, machine_id=machine_id)
+    since = pd.Timestamp(datetime.now(UTC)) - pd.Timedelta(hours=hours)
+    return rows[(rows.harness_version == harness.HARNESS_VERSION) & (rows.timestamp >= since)]
+
+
 def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
-    bench = BenchSettings(num_measures=args.repeat)
+    bench = BenchSettings() if args.repeat is None else BenchSettings(min_reps=args.repeat)
     for key in ("unroll_size", "total_insn", "cpu"):
         if getattr(args, key) is not None:
             bench = bench.replace(**{key: getattr(args, key)})
@@ -66,26 +83,29 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
         old = db.load(db_dir, machine_id=ctx.desc["machine_id"]) if db_dir.exists() else None
         if old is not None and len(old):
             sel = old[(old.kernel_id == kid) & (old.params_id == pid) & (old.status == "ok")
-                      & (old.harness_version == harness.HARNESS_VERSION)]
-            if len(sel) >= args.repeat:
-                rows = sel[sel.batch_id == sel.batch_id.iloc[-1]]
+                      & (old.harness_version == harness.HARNESS_VERSION)
+                      & (old.role != "monitor")]
+            if len(sel):
+                rows = old[old.batch_id == sel.batch_id.iloc[-1]]
     cached = rows is not None
     if rows is None:
         # unique per invocation: two measurements of one kernel in the same second must not
         # collide (parts are never overwritten)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
         batch_id = f"cli-{stamp}-{os.getpid()}-{kid[:8]}"
-        rows = campaign.measure_batch(
+        rows = batch.measure_batch(
             [canon], cat.df, ctx.desc, bench, ctx.root / "work" / "cli", ctx.harness_bin(),
             batch_id, progress=say if args.verbose else None)
         if not args.no_db:
             db.append(db_dir, rows, batch_id)
-    out = summarize(rows, kernel, cached)
+    out = summarize(rows, kernel, cached, _recent(db_dir, ctx.desc["machine_id"]))
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{out['kernel']}: {out['cycles']:.4f} cycles per instance (min "
-              f"{out['cycles_min']:.4f}), IPC {out['ipc']:.3f}, {out['repetitions']} repetitions, "
+        flag = ", UNSTABLE" if out["unstable"] else ""
+        print(f"{out['kernel']}: {out['cycles']:.4f} cycles per instance "
+              f"(± {100 * out['uncertainty']:.2f} %{flag}), IPC {out['ipc']:.3f}, "
+              f"{out['repetitions']} repetitions, median repetition {out['cycles_median']:.4f}, "
               f"clock {out['clock']}{' (cached)' if cached else ''}")
     return 0
 
@@ -177,7 +197,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("measure", help="measure the throughput of one kernel (a multiset)")
     m.add_argument("instr", nargs="+", help="form name or AT&T instruction, optionally *N")
     m.add_argument("--json", action="store_true")
-    m.add_argument("--repeat", type=int, default=10, help="repetitions K (default 10)")
+    m.add_argument("--repeat", type=int, default=None,
+                   help="at least K repetitions (default bench.min_reps); more until stable")
     m.add_argument("--force", action="store_true", help="measure even if already in the DB")
     m.add_argument("--no-db", action="store_true", help="do not store the rows")
     m.add_argument("--unroll-size", type=int, dest="unroll_size")

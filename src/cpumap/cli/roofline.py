@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, ctx) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cfg: dict = {}
     if args.quick:
-        cfg = {"compute_bench": {"num_measures": 5, "rounds": 5},
+        cfg = {"compute_bench": {"min_reps": 16},
                "sweep": {"per_level": 2, "rounds": 1, "quiet_reps": 1, "max_reps": 6}}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     part = ctx.root / "db" / f"part-cli-roofline-{stamp}.parquet"

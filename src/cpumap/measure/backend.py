@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from cpumap.isa import catalogue
-from cpumap.measure import asmgen, campaign, harness
+from cpumap.measure import asmgen, batch, estimate, harness
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
@@ -67,12 +67,12 @@ def simulated_rows(kernels: list[str], sim: Simulator, machine_id: str,
     for text, cycles in zip(kernels, sim.measure(kernels), strict=True):
         k = asmgen.parse_canonical(text)
         canon = asmgen.canonical(k)
-        rows.append(campaign.base_row(machine_id, batch_id, params, canon, sum(k.values()),
+        rows.append(batch.base_row(machine_id, batch_id, params, canon, sum(k.values()),
                                       backend="simulated", version=SIMULATED_VERSION) | {
             "rep": 0, "status": "ok", "error": "", "clock": "simulated", "insn_source": "simulated",
             "ticks1": 0, "ticks2": 0, "cycles1": -1, "cycles2": -1, "calib_ratio": np.nan,
             "instances": 1, "instructions": sum(k.values()), "cycles": cycles,
-            "cycles_per_instance": cycles, "timestamp": now,
+            "cycles_per_instance": cycles, "timestamp": now, "stable": True, "role": "kernel",
         })
     return db.conform(pd.DataFrame(rows))
 
@@ -85,9 +85,11 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                bench: BenchSettings | Mapping, workdir: Path, batch_id: str, *,
                harness_bin: Path | None = None,
                sim: Simulator | None = None, skip: set[str] | frozenset[str] = frozenset(),
-               progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+               progress: Callable[[str], None] | None = None,
+               prepared: batch.Prepared | None = None) -> pd.DataFrame:
     """DB rows of one batch from either backend; kernels whose id is in ``skip`` (already in
-    the database) produce no rows. The one place that decides simulated versus native."""
+    the database) produce no rows. The one place that decides simulated versus native.
+    ``prepared``: the batch already generated and compiled (rule compile_batch)."""
     bench = bench_settings(bench)
     if sim is not None:
         todo = [k for k in kernels
@@ -95,7 +97,10 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
         return simulated_rows(todo, sim, machine["machine_id"], bench, batch_id)
     if harness_bin is None:
         raise ValueError("the native backend needs the harness binary")
-    return campaign.measure_batch(kernels, forms, machine, bench, workdir, harness_bin,
+    if prepared is not None:
+        return batch.measure_prepared(prepared, machine, bench, harness_bin, batch_id,
+                                      progress=progress, skip=skip)
+    return batch.measure_batch(kernels, forms, machine, bench, workdir, harness_bin,
                                   batch_id, progress=progress, skip=skip)
 
 
@@ -111,7 +116,8 @@ class Measurer:
     def __init__(self, machine: dict, forms: pd.DataFrame, bench: BenchSettings | Mapping,
                  db_dir: Path, workdir: Path, *, harness_bin: Path | None = None,
                  sim: Simulator | None = None, log: Callable[[str], None] | None = None,
-                 remeasure: bool = False, measure: bool = True):
+                 remeasure: bool = False, measure: bool = True,
+                 max_uncertainty: float | None = None):
         self.machine, self.forms, self.bench = machine, forms, bench_settings(bench)
         self.db_dir, self.workdir = Path(db_dir), Path(workdir)
         self.harness_bin, self.sim = harness_bin, sim
@@ -121,19 +127,31 @@ class Measurer:
         self._tried: set[str] = set()
         self.machine_id = machine["machine_id"]
         self.params_id, self.version = measurement_key(self.bench, sim is not None)
+        self.max_uncertainty = max_uncertainty
+        self.too_uncertain: set[str] = set()
         self._known: dict[str, float] | None = None
         self.measured_now = 0
 
+    def _usable(self, agg: pd.DataFrame) -> dict[str, float]:
+        """Estimates of the aggregated kernels, without those whose uncertainty exceeds
+        ``max_uncertainty`` (they are left out as failed kernels are, and remembered)."""
+        keep = agg.cycles_per_instance_est > 0
+        if self.max_uncertainty is not None:
+            keep &= agg.rel_uncertainty.fillna(np.inf) <= self.max_uncertainty
+            self.too_uncertain |= set(agg.kernel[~keep])
+        return dict(zip(agg.kernel[keep], agg.cycles_per_instance_est[keep].astype(float),
+                        strict=True))
+
     def known(self) -> dict[str, float]:
-        """Median cycles per instance of every ok kernel in the DB for this machine/params."""
+        """Estimated cycles per instance (cpumap.measure.estimate) of every usable kernel in the
+        DB for this machine/params."""
         if self._known is None:
             rows = db.load(self.db_dir, machine_id=self.machine_id)
             rows = rows[(rows.params_id == self.params_id)
                         & (rows.harness_version == self.version)]
-            agg = db.aggregate(rows)
+            agg = estimate.aggregate(rows, self.bench.stable_tol)
             self._tried = set(rows.kernel.astype(str))
-            self._known = {} if self.remeasure and self.allow_measure else dict(
-                zip(agg.kernel, agg.cycles_per_instance_median.astype(float), strict=True))
+            self._known = {} if self.remeasure and self.allow_measure else self._usable(agg)
         return self._known
 
     def measure(self, kernels: list[str], stage: str) -> dict[str, float]:
@@ -170,7 +188,5 @@ class Measurer:
             db.append(self.db_dir, rows, batch_id)
             self.measured_now += len(todo)
             self._tried |= set(todo)
-            agg = db.aggregate(rows)
-            known.update(zip(agg.kernel, agg.cycles_per_instance_median.astype(float),
-                             strict=True))
+            known.update(self._usable(estimate.aggregate(rows, self.bench.stable_tol)))
         return {k: known[k] for k in canon if k in known}

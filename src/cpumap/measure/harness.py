@@ -21,10 +21,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from cpumap.measure import estimate
 
 HARNESS_DIR = Path(__file__).resolve().parents[3] / "harness"
 HARNESS_SRC = HARNESS_DIR / "papi_bench.c"
@@ -46,7 +50,7 @@ HARNESS_VERSION = _source_hash(HARNESS_SRC, CLOCK_HEADER)
 
 CLOCKS = ("auto", "tsc", "papi")
 CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra")
-LIBS = ("-lpapi", "-ldl")
+LIBS = ("-lpapi", "-ldl", "-lm")
 WATCHDOG_MARGIN_S = 5.0
 _STDERR_CAP = 64 * 1024
 
@@ -60,10 +64,13 @@ class BatchResult:
     """Everything one batch run produced.
 
     rows: one dict per kernel repetition with the keys of the `row` line (index, id, rep,
-    ticks1, ticks2, cycles1, cycles2, insns1, insns2) plus calib_ratio, the mean of the
-    calibrations of the harness process that measured it (a batch may take several processes
-    when kernels crash it).  failures: kernel index -> reason (SIGSEGV, timeout, "harness
-    crashed: ...", "hang: ...").  calib_before is the first process's, calib_after the last's.
+    ticks1, ticks2, cycles1, cycles2, insns1, insns2, cal1, cal2) plus, per kernel, iters,
+    stable (the harness stopped at a stability checkpoint), cal_adds (the calibration chains'
+    difference in adds) and calib_ratio: core cycles per tick from the calibration samples of
+    the kernel and its neighbours in the process (_assign_ratios), else the mean of its
+    process's before/after calibrations (a batch may take several processes when kernels crash
+    it).  failures: kernel index -> reason (SIGSEGV, timeout, "harness crashed: ...", "hang:
+    ...").  calib_before is the first process's, calib_after the last's.
     """
 
     clock: str
@@ -152,16 +159,14 @@ def _describe_exit(returncode: int) -> str:
 
 @dataclass
 class _Segment:
-    """What one harness process reported while measuring kernels start..end-1."""
+    """What one harness process reported while measuring the kernels of ``order``."""
 
-    start: int
-    end: int
-    next_index: int = 0  # the kernel in flight: the first one neither measured nor failed
+    order: list[int]
+    pos: int = 0  # position in ``order`` of the kernel in flight
     clock: str | None = None
     insn_source: str | None = None
     calib_before: float | None = None
     calib_after: float | None = None
-    kcalib: dict[int, float] = field(default_factory=dict)  # per-kernel calibration
     iters: dict[int, int] = field(default_factory=dict)  # iterations used, when reported
     rows: list[dict[str, Any]] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)  # rows of the kernel in flight
@@ -169,16 +174,22 @@ class _Segment:
     done: bool = False
     n_ok: int = 0
 
+    @property
+    def next_index(self) -> int | None:
+        """The kernel in flight: the first one neither measured nor failed (None: all done)."""
+        return self.order[self.pos] if self.pos < len(self.order) else None
 
-_ROW_INT_FIELDS = ("ticks1", "ticks2", "cycles1", "cycles2", "insns1", "insns2")
+
+_ROW_INT_FIELDS = ("ticks1", "ticks2", "cycles1", "cycles2", "insns1", "insns2", "cal1", "cal2")
 
 
 class _Parser:
     """Checks each line of one child's output against the contract and files it in a _Segment."""
 
-    def __init__(self, seg: _Segment, reps: int, where: str,
+    def __init__(self, seg: _Segment, reps: int, max_reps: int, where: str,
                  on_kernel: Callable[[], None]) -> None:
-        self.seg, self.reps, self.where, self.on_kernel = seg, reps, where, on_kernel
+        self.seg, self.reps, self.max_reps = seg, reps, max(reps, max_reps)
+        self.where, self.on_kernel = where, on_kernel
         self.lineno = 0
 
     def error(self, line: str, problem: str) -> HarnessError:
@@ -206,18 +217,15 @@ class _Parser:
                     seg.calib_after = ratio
                 else:
                     raise ValueError("calib must be before or after")
-            elif kind == "kcalib" and len(f) == 4:
-                index, ticks, adds = self._in_flight(f[1]), int(f[2]), int(f[3])
-                if not (ticks > 0 and adds > 0):
-                    raise ValueError("calibration values must be positive")
-                seg.kcalib[index] = adds / ticks
             elif kind == "iters" and len(f) == 3:
                 index, n = self._in_flight(f[1]), int(f[2])
                 if n < 1:
                     raise ValueError("iterations must be positive")
                 seg.iters[index] = n
-            elif kind == "row" and len(f) == 10:
+            elif kind == "row" and len(f) == 12:
                 self._row(f)
+            elif kind == "end" and len(f) == 5:
+                self._end(f)
             elif kind == "fail" and len(f) == 4:
                 index = self._in_flight(f[1])
                 if seg.pending:
@@ -226,7 +234,8 @@ class _Parser:
                 self._finish_kernel()
             elif kind == "done" and len(f) == 3:
                 n_ok, n_failed = int(f[1]), int(f[2])
-                if seg.next_index != seg.end or (n_ok, n_failed) != (seg.n_ok, len(seg.failures)):
+                if seg.next_index is not None or \
+                        (n_ok, n_failed) != (seg.n_ok, len(seg.failures)):
                     raise ValueError("done does not match the kernels reported")
                 if seg.calib_before is None or seg.calib_after is None:
                     raise ValueError("done without both calib lines")
@@ -240,7 +249,7 @@ class _Parser:
 
     def _in_flight(self, text: str) -> int:
         index = int(text)
-        if index != self.seg.next_index or index >= self.seg.end:
+        if index != self.seg.next_index:
             raise ValueError(f"kernel {index} reported, kernel {self.seg.next_index} expected")
         return index
 
@@ -250,21 +259,63 @@ class _Parser:
         rep = int(f[3])
         if rep != len(seg.pending):
             raise ValueError(f"repetition {rep} reported, {len(seg.pending)} expected")
+        if rep >= self.max_reps:
+            raise ValueError(f"more than {self.max_reps} repetitions")
         row: dict[str, Any] = {"index": index, "id": f[2], "rep": rep}
-        row.update(zip(_ROW_INT_FIELDS, map(int, f[4:10]), strict=True))
+        row.update(zip(_ROW_INT_FIELDS, map(int, f[4:12]), strict=True))
         seg.pending.append(row)
-        if len(seg.pending) == self.reps:
-            seg.rows.extend(seg.pending)
-            seg.pending = []
-            seg.n_ok += 1
-            self._finish_kernel()
+
+    def _end(self, f: list[str]) -> None:
+        seg = self.seg
+        self._in_flight(f[1])
+        n, stable, cal_adds = int(f[2]), int(f[3]), int(f[4])
+        if n != len(seg.pending) or not self.reps <= n <= self.max_reps:
+            raise ValueError(f"end of {n} repetitions after {len(seg.pending)} rows "
+                             f"(expected {self.reps} to {self.max_reps})")
+        if stable not in (0, 1) or cal_adds <= 0:
+            raise ValueError("bad stability flag or calibration size")
+        for row in seg.pending:
+            row["stable"], row["cal_adds"] = bool(stable), cal_adds
+        seg.rows.extend(seg.pending)
+        seg.pending = []
+        seg.n_ok += 1
+        self._finish_kernel()
 
     def _finish_kernel(self) -> None:
-        self.seg.next_index += 1
+        self.seg.pos += 1
         self.on_kernel()
 
 
-def _run_segment(cmd: list[str], seg: _Segment, reps: int, watchdog_s: float,
+#: Kernels on each side whose calibration samples are pooled with a kernel's own.
+CALIB_WINDOW = 8
+
+
+def _assign_ratios(seg: _Segment, fallback: float) -> None:
+    """Each row's core cycles per TSC tick, from the calibration samples of its kernel and of
+    the CALIB_WINDOW kernels measured before and after it in the same process (a few to a few
+    tens of milliseconds): a burst that disturbs every sample of one kernel does not set its
+    ratio, and the window is short enough to follow a drifting core clock. ``fallback`` (the
+    process's before/after calibration) where there is no sample at all."""
+    by_kernel: dict[int, list[dict[str, Any]]] = {}
+    for row in seg.rows:
+        by_kernel.setdefault(row["index"], []).append(row)
+    order = sorted(by_kernel)
+    samples = {i: [(r["cal1"], r["cal2"], r["cal_adds"]) for r in by_kernel[i]
+                   if r["cal1"] > 0 and r["cal2"] > 0] for i in order}
+    for pos, index in enumerate(order):
+        near = [c for i in order[max(0, pos - CALIB_WINDOW):pos + CALIB_WINDOW + 1]
+                for c in samples[i] if c[2] == by_kernel[index][0]["cal_adds"]]
+        k_ratio = estimate.calib_ratio(np.array([c[0] for c in near]),
+                                       np.array([c[1] for c in near]),
+                                       float(by_kernel[index][0]["cal_adds"])) \
+            if near else math.nan
+        for row in by_kernel[index]:
+            row["calib_ratio"] = k_ratio if math.isfinite(k_ratio) else fallback
+            if index in seg.iters:
+                row["iters"] = seg.iters[index]
+
+
+def _run_segment(cmd: list[str], seg: _Segment, reps: int, max_reps: int, watchdog_s: float,
                  on_kernel: Callable[[], None]) -> tuple[int | None, float, str]:
     """Run one harness process to its end, feeding its lines to a parser.
 
@@ -272,7 +323,7 @@ def _run_segment(cmd: list[str], seg: _Segment, reps: int, watchdog_s: float,
     The watchdog kills the child when it prints nothing for watchdog_s seconds: its own
     per-kernel timer has then failed (e.g. the kernel blocked SIGALRM).
     """
-    parser = _Parser(seg, reps, cmd[0], on_kernel)
+    parser = _Parser(seg, reps, max_reps, cmd[0], on_kernel)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
@@ -325,14 +376,25 @@ def run_batch(
     progress: Callable[[int], None] | None = None,
     watchdog_margin_s: float = WATCHDOG_MARGIN_S,
     calib_adds: int | None = None,
-    max_call_us: int = 0,
+    call_us: int = 0,
+    max_reps: int = 0,
+    stable_tol: float = 0.005,
+    budget_ms: float = 0.0,
+    calib_every: int = 8,
+    kcalib_adds: int = 20_000,
+    indices: Sequence[int] | None = None,
 ) -> BatchResult:
     """Measure kernels 0..n_kernels-1 of a batch .so; survive kernels that kill the harness.
 
+    Each kernel gets at least ``reps`` repetitions; with ``max_reps`` > ``reps`` the harness
+    goes on, doubling, until the first half and all of them give estimates within
+    ``stable_tol``, or until ``max_reps`` or ``budget_ms`` (harness/papi_bench.c). ``call_us``
+    (0: off) scales each kernel's iterations so that a long call lasts about that long.
     timeout_s is the harness's own per-kernel limit (warm-up and repetitions together); a child
     silent for 2 * timeout_s + watchdog_margin_s is killed and its kernel in flight recorded as
     a "hang".  progress(n_finished) is called after each kernel, measured or failed.
-    cpu None lets the harness pick the last CPU this process may run on.
+    cpu None lets the harness pick the last CPU this process may run on. ``indices`` measures
+    only those kernels of the batch, in that order (default: all of them).
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
@@ -350,19 +412,29 @@ def run_batch(
 
     result: BatchResult | None = None
     stderr_parts: list[str] = []
-    start = 0
+    todo = list(range(n_kernels)) if indices is None else [int(i) for i in indices]
+    if any(not 0 <= i < n_kernels for i in todo):
+        raise ValueError(f"kernel indices outside 0..{n_kernels - 1}: {todo}")
     while True:
-        seg = _Segment(start=start, end=n_kernels, next_index=start)
+        seg = _Segment(order=todo)
         cmd = [str(binary), "--so", str(so_path), "--reps", str(reps), "--warmup", str(warmup),
-               "--timeout-ms", str(max(1, round(timeout_s * 1000))), "--start", str(start),
-               "--count", str(n_kernels - start), "--clock", clock]
+               "--timeout-ms", str(max(1, round(timeout_s * 1000))), "--clock", clock]
+        if not todo or todo == list(range(todo[0], todo[0] + len(todo))):
+            start = todo[0] if todo else n_kernels
+            cmd += ["--start", str(start), "--count", str(len(todo))]
+        else:
+            cmd += ["--kernels", ",".join(map(str, todo))]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         if calib_adds is not None:
             cmd += ["--calib-adds", str(calib_adds)]
-        if max_call_us > 0:
-            cmd += ["--max-call-us", str(int(max_call_us))]
-        returncode, silent_for, err = _run_segment(cmd, seg, reps, watchdog_s, on_kernel)
+        if call_us > 0:
+            cmd += ["--call-us", str(int(call_us))]
+        cmd += ["--max-reps", str(max(reps, max_reps)), "--stable-ppm",
+                str(round(stable_tol * 1e6)), "--budget-ms", str(round(budget_ms)),
+                "--calib-every", str(calib_every), "--kcalib-adds", str(kcalib_adds)]
+        returncode, silent_for, err = _run_segment(cmd, seg, reps, max_reps, watchdog_s,
+                                                   on_kernel)
         if err:
             stderr_parts.append(err)
 
@@ -379,11 +451,7 @@ def run_batch(
             raise HarnessError(f"clock changed between harness restarts: {seg.clock} "
                                f"({seg.insn_source}) after {result.clock} ({result.insn_source})")
         ratio = _mean_ratio(seg.calib_before, seg.calib_after)
-        for row in seg.rows:
-            # the kernel's own calibration, taken right before it, tracks clock drift best
-            row["calib_ratio"] = seg.kcalib.get(row["index"], ratio)
-            if row["index"] in seg.iters:
-                row["iters"] = seg.iters[row["index"]]
+        _assign_ratios(seg, ratio)
         result.rows.extend(seg.rows)
         result.failures.update(seg.failures)
         if seg.calib_after is not None:
@@ -395,16 +463,16 @@ def run_batch(
             break
         # Abnormal end: blame the kernel in flight and go on after it.  When no kernel was in
         # flight (it died after the last one) the restart with --count 0 only recalibrates.
-        if seg.next_index < n_kernels:
+        if seg.next_index is not None:
             if returncode is None:
                 reason = f"hang: no output for {silent_for:.1f} s, harness killed"
             else:
                 reason = f"harness crashed: {_describe_exit(returncode)}"
             result.failures[seg.next_index] = reason
             on_kernel()
-            start = seg.next_index + 1
+            todo = todo[seg.pos + 1:]
         else:
-            start = n_kernels
+            todo = []
         result.restarts += 1
         if result.restarts > n_kernels + 1:
             raise HarnessError(f"{binary} keeps dying on {so_path}: {err.strip()}")

@@ -3,12 +3,14 @@
 The validated config's ``bench`` mapping is turned into a :class:`BenchSettings` once, where it
 enters the package (a workflow script, the CLI), and travels as that object through the
 campaign, the generator, the harness supervision and the database keys. Every default lives
-here, once: a key missing from a mapping means the same thing everywhere.
+here, once: a key missing from a mapping means the same thing everywhere (the schema,
+workflow/schemas/config.schema.yaml, describes each key).
 
-What a measurement *means* (the generator's parameters, warm-up, rounds, the call-length cap)
-is hashed into each row's ``params_id`` (:meth:`BenchSettings.measurement_params`); where it is
-taken (the CPU), how long a batch may run, the clock choice and the batching are not, so that
-rows measured on another core or with another batch size are reused.
+What a measurement *means* (the generator's parameters, warm-up, the call length, the
+repetition and stability rule) is hashed into each row's ``params_id``
+(:meth:`BenchSettings.measurement_params`); where it is taken (the CPU), how long a batch or a
+kernel may run, the clock choice, the batching and the noise monitor are not, so that rows
+measured on another core or with another batch size are reused.
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ class BenchSettings:
     """Config key ``bench`` (workflow/schemas/config.schema.yaml describes every field)."""
 
     unroll_size: int = 200
-    total_insn: int = 200_000
-    num_measures: int = 10
-    rounds: int = 5
-    max_call_ms: float = 1.0
+    total_insn: int = 20_000
+    call_us: int = 20
+    min_reps: int = 16
+    max_reps: int = 1024
+    stable_tol: float = 0.005
+    budget_ms: float = 20.0
+    calib_every: int = 16
+    kcalib_adds: int = 50_000
+    rounds: int = 3
+    max_rounds: int = 5
+    round_gap_ms: float = 300.0
     warmup: int = 2
     arena_bytes: int = 4096
     batch_size: int = 300
@@ -36,6 +45,7 @@ class BenchSettings:
     timeout_s: float = 10.0
     clock: str = "auto"
     remeasure: bool = False
+    monitor: bool = True
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> BenchSettings:
@@ -73,28 +83,21 @@ class BenchSettings:
     def gen_params(self) -> GenParams:
         return GenParams(self.unroll_size, self.total_insn, self.arena_bytes)
 
-    def repetitions(self) -> tuple[int, int]:
-        """(repetitions per round, rounds): ``num_measures`` spread over ``rounds`` passes.
-
-        On a shared host, interference comes in bursts (a neighbour's load on the SMT sibling, a
-        frequency change) lasting longer than one kernel's repetitions: measured here, a burst
-        doubled the cycles of ten kernels in a row. Passing over the whole batch several times
-        puts each kernel's repetitions far apart in time, so one burst spoils a minority of
-        them and the median ignores it.
-        """
-        total = self.num_measures
-        rounds = max(1, min(self.rounds, total))
-        return -(-total // rounds), rounds
-
-    @property
-    def max_call_us(self) -> int:
-        return int(self.max_call_ms * 1000)
-
     def measurement_params(self) -> dict[str, Any]:
         """Everything that changes what a measurement means; hashed into ``params_id``."""
-        _reps, rounds = self.repetitions()
-        return self.gen_params.as_dict() | {"warmup": self.warmup, "rounds": rounds,
-                                            "max_call_ms": self.max_call_ms}
+        return self.gen_params.as_dict() | {
+            "warmup": self.warmup, "rounds": self.rounds, "call_us": self.call_us,
+            "min_reps": self.min_reps, "max_reps": max(self.min_reps, self.max_reps),
+            "stable_tol": self.stable_tol, "calib_every": self.calib_every,
+            "kcalib_adds": self.kcalib_adds}
+
+    def harness_args(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`cpumap.measure.harness.run_batch` (one round)."""
+        return {"reps": self.min_reps, "max_reps": self.max_reps, "warmup": self.warmup,
+                "cpu": self.cpu, "timeout_s": self.timeout_s, "clock": self.clock,
+                "call_us": self.call_us, "stable_tol": self.stable_tol,
+                "budget_ms": self.budget_ms, "calib_every": self.calib_every,
+                "kcalib_adds": self.kcalib_adds}
 
 
 def bench_settings(bench: BenchSettings | Mapping[str, Any] | None) -> BenchSettings:

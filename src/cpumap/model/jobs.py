@@ -249,8 +249,9 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
 
 
 def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], machine_id: str,
-                      count: int) -> str:
-    """A short Markdown report of the model and its held-out errors."""
+                      count: int, noise_line: str | None = None) -> str:
+    """A short Markdown report of the model and its held-out errors; ``noise_line`` says how
+    quiet the host was while it was measured (cpumap.evaluate.noise.summary_line)."""
     def fmt(v: float) -> str:
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
 
@@ -297,6 +298,8 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"| RMS relative error of IPC | {fmt(metrics['rms_rel_error_ipc'])} |",
              f"| MAPE of IPC | {fmt(metrics['mape_ipc'])} |",
              f"| Kendall's tau of IPC | {fmt(metrics['kendall_tau'])} |", ""]
+    if noise_line:
+        lines += [noise_line, ""]
     sub = metrics.get("without_interacting")
     if sub is not None:
         lines += [f"The {metrics['kernels'] - sub['kernels']} kernels holding a pair of forms "

@@ -25,10 +25,10 @@ from cpumap.store import db, files
 DEFAULTS: dict = {
     "operations": ["add", "mul", "fma", "add+mul", "fma+add"],
     "cpus": None,
-    "compute_bench": {"num_measures": 10, "rounds": 5},
+    "compute_bench": {"min_reps": 32},
     "sweep": {"kinds": list(sweep.KINDS), "per_level": 3, "per_octave": 0, "max_factor": 8.0,
-              "reps": 3, "rounds": 2, "min_ms": 1.0, "quiet_reps": 3, "max_reps": 20,
-              "min_step": 0.08},
+              "reps": 3, "rounds": 3, "min_ms": 0.05, "quiet_reps": 3, "max_reps": 64,
+              "point_ms": 5.0, "min_step": 0.08},
 }
 
 
@@ -114,7 +114,7 @@ def run_sweep(binary: Path, machine: Mapping, cfg: Mapping,
     df = sweep.sweep_frame(binary, sc["kinds"], sizes, scopes, reps=int(sc["reps"]),
                            rounds=int(sc["rounds"]), min_ms=float(sc["min_ms"]),
                            quiet_reps=int(sc["quiet_reps"]), max_reps=int(sc["max_reps"]),
-                           progress=progress)
+                           point_ms=float(sc["point_ms"]), progress=progress)
     df["machine_id"] = machine["machine_id"]
     df["timestamp"] = pd.Timestamp(datetime.now(UTC)).floor("us")
     return df

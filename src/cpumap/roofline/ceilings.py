@@ -2,12 +2,12 @@
 
 Each variant is a multiset of catalogue forms -- one ISA level (scalar, SSE, AVX2, AVX-512) x
 one precision x one operation (add, mul, FMA, add+mul, FMA+add) -- generated and measured by
-the project's own Pipedream generator and harness (cpumap.measure.campaign.measure_batch), so a
+the project's own Pipedream generator and harness (cpumap.measure.batch.measure_batch), so a
 ceiling is a measurement like any other and its raw rows go to the database.  Flops per
 kernel instance come from the forms (cpumap.roofline.flops, the function the kernel points
-use), and flops per cycle = flops per instance / cycles per instance (the fastest long call
-minus the fastest short call, i.e. min-of-K, or the faster call's own speed where the two
-ran at different speeds, see db.per_instance; the median is kept beside it).
+use), and flops per cycle = flops per instance / cycles per instance (the estimate of
+cpumap.measure.estimate: the undisturbed calls' difference, with its uncertainty; the median
+repetition is kept beside it).
 
 All cores: the same batch runs at the same time on every CPU, one pinned harness each, and
 the per-core rates are summed.  Rows of such a run carry ``{"roofline": {"cpu": c,
@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from cpumap.isa.x86 import FormSpec
-from cpumap.measure import asmgen, campaign
+from cpumap.measure import asmgen, batch, estimate
 from cpumap.measure.settings import BenchSettings
 from cpumap.roofline.flops import flops_of_form
 from cpumap.store import db
@@ -115,7 +115,7 @@ def measure_compute(
 ) -> pd.DataFrame:
     """DB rows of the kernels on cpus[0] alone, then on every CPU of ``cpus`` at once."""
     runs: list[pd.DataFrame] = []
-    one = campaign.measure_batch(kernels, forms, machine, bench.replace(cpu=cpus[0]),
+    one = batch.measure_batch(kernels, forms, machine, bench.replace(cpu=cpus[0]),
                                  Path(workdir) / "one", harness_bin, batch_id, progress)
     runs.append(_with_run_params(one, cpus[0], 1))
     if len(cpus) > 1:
@@ -124,7 +124,7 @@ def measure_compute(
 
         def work(cpu: int) -> None:
             try:
-                results[cpu] = campaign.measure_batch(
+                results[cpu] = batch.measure_batch(
                     kernels, forms, machine, bench.replace(cpu=cpu),
                     Path(workdir) / f"all-{cpu}", harness_bin, batch_id, progress)
             except BaseException as exc:  # noqa: BLE001 - re-raised below
@@ -156,6 +156,7 @@ def summarize(rows: pd.DataFrame, plan: list[dict], specs: Mapping[str, FormSpec
     core, summed over cores.
     """
     ok = rows[rows.status == "ok"]
+    ratios = estimate.batch_ratios(rows)
     out = []
     for v in plan:
         rec = dict(v)
@@ -169,23 +170,21 @@ def summarize(rows: pd.DataFrame, plan: list[dict], specs: Mapping[str, FormSpec
         per_run: dict[tuple[int, int], dict] = {}
         for params, grp in sel.groupby("params"):
             run = json.loads(params).get("roofline", {})
-            agg = db.aggregate(grp).iloc[0]
-            # The best-of-K value: the fastest long call minus the fastest short call, or the
-            # faster call's own speed where the two ran at different speeds (db.per_instance:
-            # when every short call of a run was slowed down, seen here on a loaded host in an
-            # all-cores run, the difference alone gave 0.24 cycles against a median of 0.52).
-            cyc_min = float(agg["cycles_per_instance_min"])
+            agg = estimate.aggregate(grp, ratios=ratios).iloc[0]
+            # the estimate of cpumap.measure.estimate (the undisturbed call durations): the
+            # ceiling is what the CPU does, not what the neighbours let it do
+            cyc = float(agg["cycles_per_instance_est"])
             cyc_med = float(agg["cycles_per_instance_median"])
             cpu = int(run.get("cpu", -1))
-            ratio = float(grp["calib_ratio"].median()) if grp["calib_ratio"].notna().any() \
-                else float("nan")
+            ratio = float(agg["calib_ratio"])
             per_run[(int(run.get("concurrent", 1)), cpu)] = {
-                "cpu": cpu, "cycles_per_instance_min": cyc_min,
+                "cpu": cpu, "cycles_per_instance": cyc,
+                "uncertainty": float(agg["rel_uncertainty"]),
                 "cycles_per_instance_median": cyc_med,
-                "flops_per_cycle": fpi / cyc_min, "flops_per_cycle_median": fpi / cyc_med,
+                "flops_per_cycle": fpi / cyc, "flops_per_cycle_median": fpi / cyc_med,
                 "calib_ratio": ratio, "reps": int(agg["reps"]),
                 "core_ghz": ratio * tsc_ghz if tsc_ghz else None,
-                "gflops": fpi / cyc_min * ratio * tsc_ghz if tsc_ghz else None,
+                "gflops": fpi / cyc * ratio * tsc_ghz if tsc_ghz else None,
             }
         if not per_run:
             rec |= {"status": "failed", "reason": "no ok repetition"}

@@ -6,10 +6,11 @@ rewritten, so a crash, a rerun or a concurrent job cannot damage earlier raw
 measurements, and backing up or merging databases from several machines is a
 plain file copy. Every model, table and plot is derived from these rows
 (DESIGN §7), so the schema is strict: a part with other columns or types is
-rejected with its path.
+rejected with its path; columns added later (``OPTIONAL``) read with their
+documented default from parts written before them.
 
-Aggregation happens only when reading (``aggregate``): the raw repetitions
-are the asset and are never replaced by their summary.
+Estimates are made only when reading (``cpumap.measure.estimate.aggregate``):
+the raw repetitions are the asset and are never replaced by their summary.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = [
     "COLUMNS",
     "SCHEMA",
     "SchemaMismatchError",
-    "aggregate",
+    "OPTIONAL",
     "append",
     "batch_key",
     "canonical_json",
@@ -79,9 +80,19 @@ SCHEMA = pa.schema(
         pa.field("cycles", pa.float64()),  # core cycles of the f2 - f1 difference
         pa.field("cycles_per_instance", pa.float64()),
         pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        # added with the adaptive harness (parts written before read them as OPTIONAL says)
+        pa.field("cal1", pa.int64()),  # ticks of the n-add calibration chain before this rep
+        pa.field("cal2", pa.int64()),  # ... and of the 2n-add chain (null: no sample here)
+        pa.field("cal_adds", pa.int64()),  # adds the 2n chain has more than the n chain
+        pa.field("stable", pa.bool_()),  # the harness stopped at a stability checkpoint
+        pa.field("role", pa.string()),  # 'kernel' | 'monitor' (noise reference of a batch)
+        pa.field("round", pa.int64()),  # which of the batch's harness passes measured it
     ]
 )
 COLUMNS: list[str] = list(SCHEMA.names)
+#: Columns a part written before they existed lacks, and the value its rows read as.
+OPTIONAL: dict[str, Any] = {"cal1": None, "cal2": None, "cal_adds": None, "stable": None,
+                            "role": "kernel", "round": None}
 
 _PART_RE = re.compile(r"^part-(?P<batch>[A-Za-z0-9._-]+)\.parquet$")
 _BATCH_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -141,7 +152,11 @@ def empty_frame() -> pd.DataFrame:
 
 
 def to_table(rows: pd.DataFrame) -> pa.Table:
-    """Convert rows to a table of exactly ``SCHEMA``; missing or extra columns are an error."""
+    """Convert rows to a table of exactly ``SCHEMA``; missing or extra columns are an error,
+    except the ``OPTIONAL`` ones, which take their default."""
+    absent = [c for c in OPTIONAL if c not in rows.columns]
+    if absent:
+        rows = rows.assign(**{c: OPTIONAL[c] for c in absent})
     missing = [c for c in COLUMNS if c not in rows.columns]
     extra = [c for c in rows.columns if c not in COLUMNS]
     if missing or extra:
@@ -204,10 +219,16 @@ def _read_part(path: Path, columns: list[str] | None = None) -> pa.Table:
     """Read one part (only ``columns`` if given) and check it against ``SCHEMA``."""
     wanted = COLUMNS if columns is None else columns
     names = read_parquet_schema_checked(path).names
-    missing = [c for c in wanted if c not in names]
+    missing = [c for c in wanted if c not in names and c not in OPTIONAL]
     if missing:
         raise CorruptFileError(path, f"not a cpumap DB part: missing columns {missing}")
-    table = read_parquet_table_checked(path, columns=wanted).select(wanted)
+    present = [c for c in wanted if c in names]
+    table = read_parquet_table_checked(path, columns=present).select(present)
+    for c in wanted:
+        if c not in names:  # an older part: the column's documented default
+            value = pa.array([OPTIONAL[c]] * table.num_rows, type=SCHEMA.field(c).type)
+            table = table.append_column(SCHEMA.field(c), value)
+    table = table.select(wanted)
     expected = pa.schema([SCHEMA.field(c) for c in wanted])
     if not table.schema.equals(expected):
         try:
@@ -239,116 +260,16 @@ def measured_keys(
 ) -> set[str]:
     """Kernel ids with at least one ``ok`` row for this machine, parameters and harness.
 
-    These need not be measured again (DESIGN §7); failed kernels are retried.
+    These need not be measured again (DESIGN §7); failed kernels are retried. A batch's noise
+    monitor (role ``monitor``) does not count as a measurement of its kernel.
     """
-    cols = ["machine_id", "kernel_id", "params_id", "harness_version", "status"]
+    cols = ["machine_id", "kernel_id", "params_id", "harness_version", "status", "role"]
     df = load_parts(part_paths(db_dir), columns=cols)
     mask = (
         (df["machine_id"] == machine_id)
         & (df["params_id"] == params_id)
         & (df["harness_version"] == harness_version)
         & (df["status"] == "ok")
+        & (df["role"] != "monitor")
     )
     return set(df.loc[mask, "kernel_id"].astype(str))
-
-
-# --------------------------------------------------------------------------- aggregation
-
-AGG_COLUMNS = [
-    "machine_id",
-    "kernel_id",
-    "params_id",
-    "kernel",
-    "n_insns",
-    "clock",
-    "reps",
-    "cycles_per_instance_median",
-    "cycles_per_instance_min",
-    "ipc",
-    "f2_per_instance",
-    "nonlinearity",
-    "loops_disagree",
-]
-
-#: How far the f1 and f2 loops' cycles per instance may differ and still be taken as one speed
-#: (then f2 - f1 cancels the call overhead). The overhead itself moves them apart by well under
-#: 1 % (a few hundred cycles against calls of 200,000 instructions).
-LOOPS_AGREE = 0.02
-
-
-def per_instance(diff: pd.Series, loop1: pd.Series, loop2: pd.Series) -> pd.Series:
-    """Cycles per kernel instance of each repetition: ``diff`` (f2 - f1, per instance) where
-    the two loops ran at one speed, else the faster loop's own cycles per instance.
-
-    Why: the difference is the marginal cost of U more instances only if the U-copy and the
-    2U-copy loops run at the same speed per instance. On Zen 4 some kernels do not, in a way
-    that depends on the loop body and changes from process to process (ADD m64,r64 x 4 with 10
-    vector ALU ops: f1 at 4.0 cycles per instance, f2 at 5.4, so f2 - f1 = 6.7, the speed of
-    neither loop; VCVTTPD2DQ xmm,ymm x 2: f2 at 1.33 in every process, f2 - f1 from 0.96 to 1.69
-    between processes). The faster loop's speed, overhead included, is then the best measured
-    bound of the throughput. Rows without timed calls (simulated machines) keep ``diff``.
-    """
-    faster = pd.concat([loop1, loop2], axis=1).min(axis=1, skipna=False)
-    agree = (loop1 / loop2 - 1).abs() <= LOOPS_AGREE
-    return diff.where(agree | faster.isna(), faster)
-
-
-def aggregate(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (machine_id, kernel_id, params_id) over the ``ok`` repetitions.
-
-    Columns: the keys, ``kernel``, ``n_insns``, ``clock`` (sorted distinct clocks
-    joined by ','), ``reps`` (ok repetitions), ``cycles_per_instance_median``,
-    ``cycles_per_instance_min``, ``ipc`` = n_insns / median cycles per instance,
-    ``f2_per_instance``, ``nonlinearity`` and ``loops_disagree`` (see below).
-
-    A repetition's cycles per instance are ``per_instance``'s: the f2 - f1 difference where the
-    two loops ran at one speed, the faster loop's own speed where they did not (the fraction of
-    such repetitions is ``loops_disagree``).
-
-    ``cycles_per_instance_min`` is the fastest f2 call minus the fastest f1 call, per
-    instance, not the smallest per-repetition difference: on a VM an interruption of the
-    f1 call of one repetition makes that repetition's difference too *small*, so the
-    minimum of differences is biased low, while the minimum of each call is not (and the same
-    rule as above where the two fastest calls ran at different speeds).
-    """
-    keys = ["machine_id", "kernel_id", "params_id"]
-    ok = df.loc[df["status"] == "ok"].copy()
-    if ok.empty:
-        return pd.DataFrame({c: pd.Series(dtype="object") for c in AGG_COLUMNS})
-    tsc = ok["clock"] != "papi"
-    ok["_c1"] = ok["cycles1"].astype("float64")
-    ok["_c2"] = ok["cycles2"].astype("float64")
-    ok.loc[tsc, "_c1"] = ok.loc[tsc, "ticks1"] * ok.loc[tsc, "calib_ratio"]
-    ok.loc[tsc, "_c2"] = ok.loc[tsc, "ticks2"] * ok.loc[tsc, "calib_ratio"]
-    inst = ok["instances"].astype("float64")
-    ok["_est"] = per_instance(ok["cycles_per_instance"].astype("float64"), ok["_c1"] / inst,
-                              ok["_c2"] / (2 * inst))
-    ok["_disagree"] = (ok["_est"] != ok["cycles_per_instance"]).astype("float64")
-    grouped = ok.groupby(keys, sort=True, dropna=False)
-    out = grouped.agg(
-        kernel=("kernel", "first"),
-        n_insns=("n_insns", "first"),
-        clock=("clock", lambda s: ",".join(sorted({str(v) for v in s.dropna()}))),
-        reps=("rep", "size"),
-        cycles_per_instance_median=("_est", "median"),
-        _diff=("cycles_per_instance", "median"),
-        _c1=("_c1", "min"),
-        _c2=("_c2", "min"),
-        _c2m=("_c2", "median"),
-        _cmin=("cycles_per_instance", "min"),
-        _inst=("instances", "first"),
-        loops_disagree=("_disagree", "mean"),
-    ).reset_index()
-    out["cycles_per_instance_min"] = per_instance(
-        (out["_c2"] - out["_c1"]) / out["_inst"], out["_c1"] / out["_inst"],
-        out["_c2"] / (2 * out["_inst"]))
-    out["ipc"] = out["n_insns"] / out["cycles_per_instance_median"]
-    # Cross-check of the n/2n difference: the long call alone, per instance (it includes the
-    # call and loop overhead, < 0.1 % here). ``nonlinearity`` = median difference / f2-alone
-    # - 1: near 0 when the U and 2U bodies run at the same speed per instance, as the method
-    # assumes; a few percent flags a kernel whose speed depends on the loop body's size.
-    out["f2_per_instance"] = out["_c2m"] / (2 * out["_inst"])
-    out["nonlinearity"] = out["_diff"] / out["f2_per_instance"] - 1
-    # rows without timed calls (simulated machines): the plain minimum
-    out["cycles_per_instance_min"] = out["cycles_per_instance_min"].fillna(out["_cmin"])
-    return out.loc[:, AGG_COLUMNS]

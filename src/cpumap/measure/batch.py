@@ -1,0 +1,319 @@
+"""One measuring batch: generate and compile its kernels into one shared object, run the
+harness over it in rounds, and turn what it printed into DB rows.
+
+A batch is prepared (generated and compiled, :func:`prepare_batch`) and then measured
+(:func:`measure_prepared`); :func:`measure_batch` does both. The pipeline prepares the next
+singleton batch on one core while the previous one is measured on the other (rule
+compile_batch), so that compiling costs no measuring time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cpumap.isa.catalogue import host_flags
+from cpumap.isa.x86 import FormSpec
+from cpumap.measure import asmgen, estimate, harness
+from cpumap.measure.settings import BenchSettings, bench_settings
+from cpumap.store import db
+
+#: The noise monitor: measured first in every batch, so that the report can show how quiet the
+#: host was over a run. Integer adds on all four ALUs are what a neighbour on the same core
+#: slows down most (README "Measurement"); its estimate should stay at 0.25 cycles on Zen 3/4
+#: while its median repetition shows the neighbour.
+MONITOR_KERNEL = "ADD_R64_R64"
+
+
+def _specs(forms: pd.DataFrame, names) -> dict[str, FormSpec]:
+    rows = forms.set_index("name").loc[sorted(set(names))]
+    return {n: FormSpec.from_json(s) for n, s in zip(rows.index, rows["spec"], strict=True)}
+
+
+def base_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insns: int, *,
+             backend: str = "native", version: str = harness.HARNESS_VERSION) -> dict:
+    """The identity columns every DB row of a kernel carries."""
+    return {
+        "machine_id": machine_id, "host": socket.gethostname(), "backend": backend,
+        "kernel_id": asmgen.kernel_id(canon), "kernel": canon, "n_insns": n_insns,
+        "params_id": db.params_id(params), "params": json.dumps(params, sort_keys=True),
+        "harness_version": version, "batch_id": batch_id,
+    }
+
+
+def _failed_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insns: int,
+                error: str, now: pd.Timestamp, clock: str = "", insn_source: str = "") -> dict:
+    """The one row a kernel that could not be measured gets (rep -1)."""
+    return base_row(machine_id, batch_id, params, canon, n_insns) | {
+        "rep": -1, "status": "failed", "error": error, "clock": clock,
+        "insn_source": insn_source, "timestamp": now}
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A generated and compiled batch: the shared object and what each of its kernels is.
+
+    ``kernels`` are the canonical texts of the kernels in the .so, in order (the monitor first
+    when ``monitor``); ``unmeasurable`` maps a kernel that cannot be generated here to the
+    reason. Stored beside the .so as JSON, so that one job can compile and another measure.
+    """
+
+    so: str
+    kernels: list[str]
+    metas: list[dict]
+    monitor: bool
+    unmeasurable: dict[str, str]
+
+    def save(self, path: Path | str) -> None:
+        Path(path).write_text(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def load(cls, path: Path | str) -> Prepared:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def kernel_metas(self) -> list[asmgen.KernelMeta]:
+        return [asmgen.KernelMeta(**m) for m in self.metas]
+
+
+def prepare_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
+                  bench: BenchSettings | Mapping, so: Path,
+                  progress: Callable[[str], None] | None = None) -> Prepared:
+    """Generate and compile kernels (canonical texts) into the shared object ``so``."""
+    say = progress or (lambda _m: None)
+    bench = bench_settings(bench)
+    parsed = [asmgen.parse_canonical(k) for k in kernels]
+    ok_forms = set(forms.loc[forms.status == "ok", "name"])
+    specs = _specs(forms, [n for k in parsed for n in k if n in ok_forms])
+    unmeasurable: dict[str, str] = {}
+    good: list[dict[str, int]] = []
+    for k in parsed:
+        bad = [n for n in k if n not in ok_forms]
+        err = f"form(s) not measurable here: {', '.join(bad)}" if bad else ""
+        if not err:
+            try:
+                asmgen.plan_pools([specs[n] for n in k])
+            except asmgen.KernelError as exc:
+                err = str(exc)
+        if err:
+            unmeasurable[asmgen.canonical(k)] = err
+        else:
+            good.append(k)
+    monitor = bench.monitor and MONITOR_KERNEL in ok_forms and bool(good)
+    if monitor:
+        # the noise reference goes first: how quiet the host was while this batch ran
+        specs |= _specs(forms, [MONITOR_KERNEL])
+        good.insert(0, {MONITOR_KERNEL: 1})
+    metas: list[asmgen.KernelMeta] = []
+    if good:
+        t0 = time.monotonic()
+        asm, metas = asmgen.generate_batch(good, specs, bench.gen_params, host_flags(machine))
+        asmgen.compile_batch(asm, Path(so))
+        say(f"{Path(so).stem}: generated and compiled {len(good)} kernels in "
+            f"{time.monotonic() - t0:.1f} s")
+    return Prepared(str(so), [asmgen.canonical(k) for k in good],
+                    [dataclasses.asdict(m) for m in metas], monitor, unmeasurable)
+
+
+def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mapping,
+                     harness_bin: Path, batch_id: str,
+                     progress: Callable[[str], None] | None = None,
+                     skip: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+    """Measure a prepared batch in rounds; return its DB rows.
+
+    A kernel that cannot be generated or that fails in the harness gets a ``failed`` row with
+    the reason; the rest of the batch is measured normally. Kernels whose id is in ``skip``
+    (already in the database) are not run and produce no rows.
+    """
+    say = progress or (lambda _m: None)
+    bench = bench_settings(bench)
+    machine_id = machine["machine_id"]
+    params = bench.measurement_params()
+    now = pd.Timestamp(datetime.now(UTC)).floor("us")
+    rows: list[dict] = []
+    for canon, err in prep.unmeasurable.items():
+        if asmgen.kernel_id(canon) not in skip:
+            n = sum(asmgen.parse_canonical(canon).values())
+            rows.append(_failed_row(machine_id, batch_id, params, canon, n, err, now))
+    metas = prep.kernel_metas()
+    skipped = [m.index for m in metas if m.kernel_id in skip
+               and not (prep.monitor and m.index == 0)]
+    if skipped:
+        say(f"{batch_id}: {len(skipped)} of {len(metas)} kernels already in the database, "
+            "not measured again")
+    todo = [m.index for m in metas if m.index not in set(skipped)]
+    if todo == [0] and prep.monitor:
+        todo = []  # nothing left to measure but the monitor
+    if todo:
+        say(f"{batch_id}: measuring {len(todo)} kernels in {bench.rounds} rounds (more, up "
+            f"to {bench.max_rounds}, for unsettled ones)")
+        results = _rounds(Path(prep.so), len(metas), todo, metas, bench, harness_bin,
+                          batch_id, prep.monitor, say)
+        rows += rows_from_rounds(results, metas, machine_id, batch_id, params, now,
+                                 monitor_index=0 if prep.monitor else None)
+    df = pd.DataFrame(rows)
+    return db.conform(df) if len(df) else db.empty_frame()
+
+
+def measure_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
+                  bench: BenchSettings | Mapping, workdir: Path, harness_bin: Path,
+                  batch_id: str, progress: Callable[[str], None] | None = None,
+                  skip: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+    """Generate, compile and measure kernels (canonical texts) as one batch; return DB rows
+    (:func:`prepare_batch`, then :func:`measure_prepared`). Kernels whose id is in ``skip``
+    (already in the database) are not generated and produce no rows."""
+    todo = [k for k in kernels
+            if asmgen.kernel_id(asmgen.canonical(asmgen.parse_canonical(k))) not in skip]
+    if len(todo) < len(kernels) and progress is not None:
+        progress(f"{batch_id}: {len(kernels) - len(todo)} of {len(kernels)} kernels already "
+                 "in the database, not measured again")
+    prep = prepare_batch(todo, forms, machine, bench, Path(workdir) / f"{batch_id}.so",
+                         progress)
+    return measure_prepared(prep, machine, bench, harness_bin, batch_id, progress)
+
+
+def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.KernelMeta],
+            bench: BenchSettings, harness_bin: Path, batch_id: str, monitor: bool,
+            say: Callable[[str], None]) -> list[harness.BatchResult]:
+    """The harness's passes over the batch: ``bench.rounds``, then more (up to
+    ``bench.max_rounds``) for the kernels still unsettled, each pass at least
+    ``bench.round_gap_ms`` after the previous one started."""
+    t_run = time.monotonic()
+    rounds = max(1, bench.rounds)
+    # progress: kernel runs finished in earlier rounds, and planned in all
+    runs = {"before": 0, "total": len(todo) * rounds, "last": t_run}
+
+    def tick(done: int) -> None:
+        now_t = time.monotonic()
+        finished = runs["before"] + done
+        if finished < runs["total"] and now_t - runs["last"] < 2.0:
+            return  # a progress line every 2 s is enough, and costs nothing
+        runs["last"] = now_t
+        say(f"{batch_id}: {finished}/{runs['total']} kernel runs, "
+            f"{runs['total'] - finished} left, {finished / max(now_t - t_run, 1e-9):.1f} runs/s")
+
+    results: list[harness.BatchResult] = []
+    started: list[float] = []
+    while True:
+        if started:  # rounds apart in time: bursts of interference last seconds
+            time.sleep(max(0.0, started[-1] + bench.round_gap_ms / 1000 - time.monotonic()))
+        started.append(time.monotonic())
+        results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
+                                         progress=tick, indices=todo, **bench.harness_args()))
+        runs["before"] += len(todo)
+        if len(results) < rounds:
+            continue
+        if len(results) >= max(rounds, bench.max_rounds):
+            break
+        # more rounds for the kernels whose best value no other round has matched yet
+        todo = _unsettled(results, metas, bench, monitor)
+        if not todo:
+            break
+        runs["total"] = runs["before"] + len(todo)
+        say(f"{batch_id}: round {len(results) + 1} for {len(todo)} unsettled kernel(s)")
+    return results
+
+
+def _unsettled(results: list, metas: list, bench: BenchSettings, monitor: bool) -> list[int]:
+    """Indices of the kernels whose estimate over the rounds so far is unstable, and of the
+    first kernel (the monitor) when the core clock is: the fastest calibration chains of the
+    best round not matched by another round (a neighbour slows the add chain too)."""
+    df = pd.DataFrame(rows_from_rounds(results, metas, "m", "b", {}, pd.Timestamp(0, tz="UTC"),
+                                       monitor_index=0 if monitor else None))
+    if df.empty or "rep" not in df:
+        return []
+    ok = df[df.status == "ok"]
+    agg = estimate.aggregate(ok, bench.stable_tol)
+    bad = set(agg.kernel[agg.unstable])
+    todo = [m.index for m in metas if m.kernel in bad and not (monitor and m.index == 0)]
+    cal = ok.dropna(subset=["cal1", "cal2"]) if "cal1" in ok else ok.iloc[:0]
+    per_round = sorted((estimate.calib_ratio(g.cal1.to_numpy(), g.cal2.to_numpy(),
+                                             float(g.cal_adds.iat[0]))
+                        for _, g in cal.groupby("round")), reverse=True)
+    if len(per_round) >= 2 and per_round[0] / per_round[1] - 1 > bench.stable_tol / 2:
+        todo = sorted({metas[0].index, *todo})
+    return todo
+
+
+def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
+                     monitor_index: int | None = None) -> list[dict]:
+    """DB rows of all rounds: a kernel that failed in any round gets one failed row only."""
+    failed: dict[int, str] = {}
+    for res in results:
+        for idx, reason in res.failures.items():
+            failed.setdefault(int(idx), reason)
+    rows: list[dict] = []
+    reps_done: dict[int, int] = {}
+    for rnd, res in enumerate(results):
+        kept = [r | {"round": rnd} for r in res.rows if int(r["index"]) not in failed]
+        for r in kept:
+            i = int(r["index"])
+            r["rep"] = reps_done.get(i, 0)
+            reps_done[i] = r["rep"] + 1
+        rows += rows_from_result(dataclasses.replace(res, rows=kept), metas, machine_id,
+                                 batch_id, params, now, monitor_index)
+    clock = results[0].clock if results else ""
+    src = results[0].insn_source if results else ""
+    by_index = {m.index: m for m in metas}
+    for idx, reason in failed.items():
+        m = by_index[idx]
+        rows.append(_failed_row(machine_id, batch_id, params, m.kernel, m.n_insns, reason, now,
+                                clock, src) | {"role": _role(idx, monitor_index)})
+    return rows
+
+
+def _role(index: int, monitor_index: int | None) -> str:
+    return "monitor" if index == monitor_index else "kernel"
+
+
+def rows_from_result(res, metas, machine_id, batch_id, params, now,
+                     monitor_index: int | None = None) -> list[dict]:
+    """DB rows of the measured repetitions of one harness run (failures: rows_from_rounds).
+
+    Every repetition is stored as ``ok`` with its raw ticks, even one whose f2 - f1 is not
+    positive (its f1 call was disturbed): the estimate takes each call kind's undisturbed
+    duration from all repetitions (cpumap.measure.estimate), never a repetition's difference.
+    """
+    rows = []
+    ratio = harness.calib_ratio(res)
+    by_index = {m.index: m for m in metas}
+    bases: dict[int, dict] = {}  # the identity columns, once per kernel
+    for r in res.rows:
+        m = by_index[int(r["index"])]
+        if m.index not in bases:
+            bases[m.index] = base_row(machine_id, batch_id, params, m.kernel, m.n_insns)
+        base = bases[m.index]
+        # the harness scales the iterations to the call length it aims for (bench.call_us)
+        iters = int(r.get("iters", m.iters))
+        instances = m.unroll * iters
+        if res.clock == "papi":
+            cycles = float(r["cycles2"] - r["cycles1"])
+            instructions = int(r["insns2"] - r["insns1"])
+            row_ratio = np.nan
+        else:
+            row_ratio = float(r.get("calib_ratio", ratio))
+            cycles = float(r["ticks2"] - r["ticks1"]) * row_ratio
+            # f2 - f1 executes exactly U copies of the kernel per iteration more
+            instructions = instances * m.n_insns
+        cal = {"cal1": int(r["cal1"]), "cal2": int(r["cal2"])} if r.get("cal1", -1) > 0 else {}
+        rows.append(base | cal | {
+            "rep": int(r["rep"]), "status": "ok", "error": "", "clock": res.clock,
+            "insn_source": res.insn_source, "ticks1": int(r["ticks1"]),
+            "ticks2": int(r["ticks2"]), "cycles1": int(r["cycles1"]),
+            "cycles2": int(r["cycles2"]), "calib_ratio": row_ratio, "instances": instances,
+            "instructions": instructions, "cycles": cycles,
+            "cycles_per_instance": cycles / instances, "timestamp": now,
+            "cal_adds": int(r["cal_adds"]) if "cal_adds" in r else None,
+            "stable": bool(r["stable"]) if "stable" in r else None,
+            "role": _role(int(r["index"]), monitor_index), "round": r.get("round"),
+        })
+    return rows
+
+

@@ -1,0 +1,322 @@
+"""From raw repetitions to one value per kernel, with its uncertainty: what the CPU does, not
+what the neighbours did.
+
+On a cloud VM the physical core is shared: a neighbour takes integer ALU slots for minutes,
+and a call measured then runs 30-70 % slow, while calls that fell into a quiet moment run at
+the CPU's own speed (README "Measurement": an independent C loop of 20,000 adds, timed 2,000
+times, gave 0.253-0.258 cycles per add at the 1st percentile and 0.31-0.34 at the median).
+Interference only ever lengthens a call, so each timed quantity is estimated from the low end
+of its repetitions (:func:`robust_low`): the mean of the samples within 0.3 % (and one timer
+step) of the fastest, which averages the TSC's 26-tick steps instead of picking the lowest.
+
+What is estimated that way, each on its own: the short call (f1: U copies), the long call (f2:
+2U copies), and the two calibration chains (n and 2n dependent adds) whose difference gives
+the core cycles per TSC tick. The minimum of per-repetition *differences* or of per-repetition
+*calibrated cycles* would be biased low (a disturbed f1 shrinks its repetition's difference; a
+disturbed calibration lowers its ratio), which is why the differences are taken between
+robust estimates, never before.
+
+A kernel is measured in several rounds, passes over its batch seconds apart (bursts of
+interference last seconds: a kernel measured only inside one is slowed in every call, with
+nothing at the low end to find). The uncertainty is how far the best round's value is from
+the next best round's; with one round, how far the first half of the repetitions is from all
+of them (the harness stops measuring at the first doubling of the repetitions where they
+agree within ``bench.stable_tol``). A kernel whose uncertainty exceeds that is ``unstable``:
+its value is kept with the spread, never silently averaged, and Palmed leaves out kernels
+less certain than its own tolerance (:class:`cpumap.measure.backend.Measurer`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+#: Relative width of the fastest cluster (harness/papi_bench.c ROBUST_WIDTH) and the timer step
+#: every cluster spans at least (ROBUST_STEP ticks; in cycles, times the calibration ratio).
+ROBUST_WIDTH = 0.003
+ROBUST_STEP_TICKS = 32
+#: How far the f1 and f2 loops' cycles per instance may differ, beyond the call's fixed cost,
+#: and still be taken as one speed (then f2 - f1 cancels that cost). A looser bound lets a
+#: short call slowed more than the long one pull the difference below what the CPU allows
+#: (measured: loads at 0.328 cycles, under the 3-per-cycle limit, with 2 %).
+LOOPS_AGREE = 0.005
+#: Largest fixed cost of one call of a generated kernel function, in cycles: its prologue and
+#: epilogue (16 register loads, 6 pushes and pops, two ldmxcsr, up to 32 vector loads,
+#: vzeroupper) and the timer's fences: 50-600 cycles measured on Zen 4 (2 f1 - f2).
+CALL_OVERHEAD_MAX = 600.0
+#: Default stability tolerance (bench.stable_tol): first half and all repetitions agree.
+STABLE_TOL = 0.005
+
+AGG_COLUMNS = [
+    "machine_id", "kernel_id", "params_id", "kernel", "n_insns", "clock", "reps",
+    "cycles_per_instance_est", "rel_uncertainty", "unstable", "cycles_per_instance_median",
+    "noise", "ipc", "calib_ratio", "loops_disagree", "nonlinearity",
+]
+
+
+def robust_low(x: np.ndarray, step: float = 0.0) -> float:
+    """The undisturbed value of a quantity from its repetitions: the mean of the samples within
+    ``ROBUST_WIDTH`` (relative) or ``step`` (absolute, the timer's resolution) of the smallest.
+    NaN for no samples."""
+    x = np.asarray(x, dtype="float64")
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return float("nan")
+    base = float(x.min())
+    lim = max(base * (1.0 + ROBUST_WIDTH), base + step)
+    return float(x[x <= lim].mean())
+
+
+def per_instance(r1: float, r2: float, overhead_max: float = 0.0) -> tuple[float, bool]:
+    """(cycles per instance, loops disagree) from the short call's and the long call's cycles
+    per instance of the short call (``r1``: U copies + overhead, ``r2``: 2U copies + overhead).
+
+    The difference ``r2 - r1`` is the marginal cost of U more instances only if both loops run
+    at the same speed per instance; then the implied overhead ``2 r1 - r2`` is the call's
+    fixed cost: at most ``overhead_max`` (per instance) plus ``LOOPS_AGREE`` of the short call,
+    and not below minus ``LOOPS_AGREE`` of it. On Zen 4 some kernels run their two loops at
+    different speeds, in a way that depends on the loop body (ADD m64,r64 x 4 with 10 vector
+    ALU ops: f1 at 4.0 cycles per instance, f2 at 5.4, so f2 - f1 = 6.8, the speed of
+    neither); the faster loop's own speed, overhead included, is then the best measured bound.
+    """
+    if not (np.isfinite(r1) and np.isfinite(r2)) or r2 <= 0:
+        return r2 - r1, False
+    overhead = 2.0 * r1 - r2
+    if -LOOPS_AGREE * r1 <= overhead <= LOOPS_AGREE * r1 + overhead_max:
+        return r2 - r1, False
+    return min(r1, r2 / 2.0), True
+
+
+def kernel_estimate(c1: np.ndarray, c2: np.ndarray, step: float = 0.0,
+                    overhead_max: float = 0.0) -> tuple[float, bool]:
+    """Cycles per instance from per-instance cycles of the f1 calls (``c1``) and the f2 calls
+    (``c2``, both divided by f1's instance count): robust low of each, then their difference
+    (``per_instance``)."""
+    return per_instance(robust_low(c1, step), robust_low(c2, step), overhead_max)
+
+
+def _fastest(x: np.ndarray) -> float:
+    """The mean of the samples within one TSC step of the fastest: the undisturbed duration,
+    with the timer's step averaged out (a chain slowed by a neighbour is 0.2 % or more, over
+    70 ticks, slower)."""
+    x = np.asarray(x, dtype="float64")
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return float("nan")
+    return float(x[x <= x.min() + ROBUST_STEP_TICKS].mean())
+
+
+def calib_ratio(cal1: np.ndarray, cal2: np.ndarray, adds: float) -> float:
+    """Core cycles per TSC tick from calibration samples: ``adds`` more dependent adds in the
+    2n chain than in the n chain, over the difference of their fastest samples (chains of
+    tens of thousands of ticks; a neighbour only slows a chain)."""
+    d = _fastest(cal2) - _fastest(cal1)
+    return adds / d if d > 0 else float("nan")
+
+
+def _low_by(x: np.ndarray, gid: np.ndarray, n: int, step: np.ndarray) -> np.ndarray:
+    """:func:`robust_low` of each group at once (``gid``: group of each sample, ``step``: per
+    group); NaN for a group without a finite sample."""
+    ok = np.isfinite(x)
+    x, gid = x[ok], gid[ok]
+    low = np.full(n, np.inf)
+    np.minimum.at(low, gid, x)
+    lim = np.maximum(low * (1.0 + ROBUST_WIDTH), low + step)
+    keep = x <= lim[gid]
+    total = np.bincount(gid[keep], weights=x[keep], minlength=n)
+    count = np.bincount(gid[keep], minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _per_instance_v(r1: np.ndarray, r2: np.ndarray, omax: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`per_instance` of arrays: (cycles per instance, loops disagree)."""
+    overhead = 2.0 * r1 - r2
+    agree = (overhead >= -LOOPS_AGREE * r1) & (overhead <= LOOPS_AGREE * r1 + omax)
+    agree |= ~(np.isfinite(r1) & np.isfinite(r2) & (r2 > 0))
+    return np.where(agree, r2 - r1, np.minimum(r1, r2 / 2.0)), ~agree
+
+
+def _estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, n: int, step: np.ndarray,
+               omax: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(estimate, loops disagree, robust low of f1, of f2) of each group."""
+    r1, r2 = _low_by(c1, gid, n, step), _low_by(c2, gid, n, step)
+    est, disagree = _per_instance_v(r1, r2, omax)
+    return est, disagree, r1, r2
+
+
+def _uncertainty(est: np.ndarray, c1: np.ndarray, c2: np.ndarray, gid: np.ndarray,
+                 rounds: np.ndarray, order: np.ndarray, step: np.ndarray,
+                 omax: np.ndarray) -> np.ndarray:
+    """How far each group's estimate could be from the CPU's value, relative.
+
+    With several rounds (passes over the batch seconds apart): how far the best round's value
+    is from the next best round's; a value that only one round reached may be that round's
+    luck, one that two reached is what the CPU does when left alone. With one round: how far
+    the estimate of the first half of the repetitions is from that of all (the harness's
+    stopping rule). Infinite when the estimate is not positive, NaN for one repetition.
+    """
+    n = len(est)
+    unc = np.full(n, np.nan)
+    # per round
+    has_round = np.isfinite(rounds)
+    pair = pd.DataFrame({"g": gid[has_round], "r": rounds[has_round]})
+    rid = pair.groupby(["g", "r"], sort=False).ngroup().to_numpy()
+    if len(rid):
+        nr = int(rid.max()) + 1
+        rg = np.zeros(nr, dtype=np.int64)
+        rg[rid] = gid[has_round]
+        per, _, _, _ = _estimates(c1[has_round], c2[has_round], rid, nr, step[rg], omax[rg])
+        ranked = pd.DataFrame({"g": rg, "e": per}).sort_values(["g", "e"], kind="stable")
+        second = ranked.groupby("g")["e"].nth(1)
+        multi = second.index.to_numpy() if len(second) else np.array([], dtype=np.int64)
+        g2 = ranked.loc[multi, "g"].to_numpy() if len(multi) else multi
+        unc[g2] = np.abs(second.to_numpy() - est[g2]) / est[g2]
+    # one round (or none recorded): first half of the repetitions against all
+    single = np.isnan(unc)
+    size = np.bincount(gid, minlength=n)
+    first = single[gid] & (order < (size // 2)[gid])
+    if first.any():
+        half, _, _, _ = _estimates(c1[first], c2[first], gid[first], n, step, omax)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            unc = np.where(single, np.abs(half / est - 1.0), unc)
+    unc[~(est > 0)] = np.inf
+    return unc
+
+
+#: Batches whose own ratios lie within this of the ratio of all their samples pooled share
+#: that ratio: what separates them is the calibration chain slowed by a neighbour (0.2-0.7 %
+#: seen here), not the clock (within 0.1 % over an hour of quiet runs on the reference guest).
+#: Beyond it the clock itself moved, and each batch keeps its own.
+CLOCK_AGREE = 0.01
+
+
+def batch_ratios(df: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """Core cycles per TSC tick of each batch and parameter set (the roofline's all-cores runs
+    share a batch across CPUs), from the calibration samples of its rows (all kernels, all
+    rounds, the monitor's too): the fastest n and 2n chains.
+
+    Why not each kernel's own samples: the dependent-add chain is slowed by a busy neighbour
+    as well, which lowers the ratio and so every cycle count, and a kernel's samples may all
+    fall inside one burst; a batch's samples span its rounds, seconds apart. Batches of one
+    machine and parameter set whose ratios agree within ``CLOCK_AGREE`` share the ratio of all
+    their samples (a burst that covered a whole batch then costs nothing either). Batches
+    without samples (older rows, simulated ones) are absent.
+    """
+    cols = {"machine_id", "batch_id", "params_id", "cal1", "cal2", "cal_adds"}
+    if not cols <= set(df.columns):
+        return {}
+    have = df[df["cal1"].notna() & df["cal2"].notna() & df["cal_adds"].notna()]
+    out: dict[tuple[str, str], float] = {}
+    for _, same in have.groupby(["machine_id", "params_id", "cal_adds"], sort=False):
+        adds = float(same["cal_adds"].iat[0])
+        own = {(str(b), str(p)): calib_ratio(g["cal1"].to_numpy("float64"),
+                                             g["cal2"].to_numpy("float64"), adds)
+               for (b, p), g in same.groupby(["batch_id", "params_id"], sort=False)}
+        own = {k: v for k, v in own.items() if np.isfinite(v)}
+        pooled = calib_ratio(same["cal1"].to_numpy("float64"),
+                             same["cal2"].to_numpy("float64"), adds)
+        if np.isfinite(pooled) and all(abs(v / pooled - 1) <= CLOCK_AGREE
+                                       for v in own.values()):
+            own = dict.fromkeys(own, pooled)
+        out |= own
+    return out
+
+
+def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
+              ratios: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
+    """One row per (machine_id, kernel_id, params_id) over the ``ok`` repetitions (columns
+    :data:`AGG_COLUMNS`; see the module docstring for the estimate and its uncertainty).
+
+    Each row's ticks are converted with its batch's pooled ratio (:func:`batch_ratios`; the
+    row's own ``calib_ratio`` where the batch has no calibration sample). ``ratios`` may be
+    given when ``df`` holds only part of the batches' rows.
+
+    ``cycles_per_instance_median`` is what the median calls give (the estimator of earlier
+    harness versions) and ``noise`` how much slower than the undisturbed one the typical long
+    call ran: what the host did to the measurement.
+    """
+    keys = ["machine_id", "kernel_id", "params_id"]
+    ratios = batch_ratios(df) if ratios is None else ratios
+    kernel_rows = df["role"] != "monitor" if "role" in df else True
+    ok = df.loc[(df["status"] == "ok") & kernel_rows].copy()
+    if ok.empty:
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in AGG_COLUMNS})
+    sort = [c for c in ("batch_id", "rep") if c in ok.columns]
+    ok = ok.sort_values(sort, kind="stable") if sort else ok
+    if ratios and "batch_id" in ok:
+        pooled = pd.Series([ratios.get((str(b), str(p))) for b, p in
+                            zip(ok["batch_id"], ok["params_id"], strict=True)],
+                           index=ok.index, dtype="float64")
+        ok["calib_ratio"] = pooled.where(pooled.notna(), ok["calib_ratio"])
+    tsc = (ok["clock"] != "papi").to_numpy()
+    c1 = np.where(tsc, ok["ticks1"] * ok["calib_ratio"], ok["cycles1"].astype("float64"))
+    c2 = np.where(tsc, ok["ticks2"] * ok["calib_ratio"], ok["cycles2"].astype("float64"))
+    timed = (c1 > 0) & (c2 > 0)
+    inst = ok["instances"].to_numpy("float64")
+    c1 = np.where(timed, c1 / inst, np.nan)
+    c2 = np.where(timed, c2 / inst, np.nan)
+    groups = ok.groupby(keys, sort=True, dropna=False)
+    gid = groups.ngroup().to_numpy()
+    order = groups.cumcount().to_numpy()
+    out = groups.agg(kernel=("kernel", "first"), n_insns=("n_insns", "first"),
+                     reps=("kernel", "size"), calib_ratio=("calib_ratio", "median"),
+                     _inst=("instances", "median"),
+                     _value=("cycles_per_instance", "median")).reset_index()
+    out["clock"] = groups["clock"].agg(
+        lambda v: ",".join(sorted({str(x) for x in v.dropna()}))).to_numpy()
+    n = len(out)
+    ratio = out["calib_ratio"].fillna(1.0).to_numpy("float64")
+    step = ROBUST_STEP_TICKS * ratio / out["_inst"].to_numpy("float64")
+    omax = CALL_OVERHEAD_MAX / out["_inst"].to_numpy("float64")
+    est, disagree, r1, r2 = _estimates(c1, c2, gid, n, step, omax)
+    rounds = ok["round"].to_numpy("float64") if "round" in ok else np.full(len(ok), np.nan)
+    unc = _uncertainty(est, c1, c2, gid, rounds, order, step, omax)
+    med1 = pd.Series(c1).groupby(gid).median().reindex(range(n)).to_numpy()
+    med2 = pd.Series(c2).groupby(gid).median().reindex(range(n)).to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["cycles_per_instance_est"] = est
+        out["rel_uncertainty"] = unc
+        out["unstable"] = ~np.isfinite(unc) | (unc > stable_tol)
+        # what the median calls give (the estimator of earlier harness versions), and how much
+        # slower than the undisturbed one the typical long call ran: the host's noise
+        out["cycles_per_instance_median"] = _per_instance_v(med1, med2, omax)[0]
+        out["noise"] = med2 / r2 - 1.0
+        out["loops_disagree"] = disagree
+        # the n/2n difference against the long call alone (overhead included, well under
+        # 1 %): near 0 when the U and 2U bodies run at one speed, as assumed
+        out["nonlinearity"] = (r2 - r1) / (r2 / 2.0) - 1.0
+    # groups without timed calls (simulated machines): their values themselves
+    sim = ~np.isfinite(r1)
+    if sim.any():
+        value = out["_value"].to_numpy("float64")
+        for col, v in (("cycles_per_instance_est", value), ("rel_uncertainty", 0.0),
+                       ("unstable", False), ("cycles_per_instance_median", value),
+                       ("noise", 0.0), ("loops_disagree", False), ("nonlinearity", 0.0)):
+            out.loc[sim, col] = v[sim] if isinstance(v, np.ndarray) else v
+    out["ipc"] = out["n_insns"] / out["cycles_per_instance_est"]
+    for c in ("unstable", "loops_disagree"):
+        out[c] = out[c].astype(bool)
+    return out.loc[:, AGG_COLUMNS]
+
+
+def monitor_table(df: pd.DataFrame, stable_tol: float = STABLE_TOL) -> pd.DataFrame:
+    """The noise monitor of every batch (rows with role ``monitor``): when it ran, its estimate,
+    its median repetition and ``noise`` = median / estimate - 1 (0: a quiet host; 0.5: the
+    typical call ran 50 % slow), ordered by time."""
+    cols = ["timestamp", "batch_id", "kernel", "reps", "cycles_per_instance_est",
+            "rel_uncertainty", "unstable", "cycles_per_instance_median", "noise"]
+    if "role" not in df or not (df["role"] == "monitor").any():
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
+    ratios = batch_ratios(df)
+    mon = df[df["role"] == "monitor"].copy()
+    mon["role"] = "kernel"
+    out = []
+    for (batch, ts), g in mon.groupby(["batch_id", "timestamp"], sort=False):
+        agg = aggregate(g, stable_tol, ratios)
+        if len(agg):
+            out.append(agg.iloc[0].to_dict() | {"timestamp": ts, "batch_id": batch})
+    if not out:
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
+    return pd.DataFrame(out)[cols].sort_values("timestamp", kind="stable").reset_index(drop=True)

@@ -1,0 +1,172 @@
+"""cpumap.measure.estimate: the CPU's value from repetitions a noisy neighbour disturbed.
+
+The rows are synthetic but shaped like the harness's: f1 runs ``inst`` instances plus a call
+overhead, f2 twice the instances; ticks are quantized in 26-tick steps as this guest's TSC
+is; a disturbed call is slower by 30-70 % (what the shared host does to integer kernels), a
+clean one is exact. The estimate must be the clean value, whatever the share of disturbed
+calls, as long as some calls are clean.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_db import make_rows
+
+from cpumap.measure import estimate
+
+RATIO = 1.42  # core cycles per TSC tick
+STEP = 26  # TSC ticks per step
+
+
+def _ticks(cycles: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Cycles to TSC ticks as the guest's TSC reports them: 26-tick steps, random phase."""
+    t = cycles / RATIO
+    return (np.floor(t / STEP + rng.random(t.shape)) * STEP).astype("int64")
+
+
+def noisy_rows(cpi: float, n: int, disturbed: float, seed: int = 0, inst: int = 20_000,
+               overhead: float = 300.0, batch: str = "b0", kernel: str = "A") -> pd.DataFrame:
+    """n repetitions of a kernel of ``cpi`` cycles per instance; a share ``disturbed`` of the
+    calls (each call independently) runs 30-70 % slow."""
+    rng = np.random.default_rng(seed)
+    rows = make_rows(batch, {kernel: [cpi] * n})
+    slow1 = np.where(rng.random(n) < disturbed, 1.3 + 0.4 * rng.random(n), 1.0)
+    slow2 = np.where(rng.random(n) < disturbed, 1.3 + 0.4 * rng.random(n), 1.0)
+    c1 = (overhead + cpi * inst) * slow1
+    c2 = (overhead + 2 * cpi * inst) * slow2
+    rows["instances"] = inst
+    rows["ticks1"] = _ticks(c1, rng)
+    rows["ticks2"] = _ticks(c2, rng)
+    rows["calib_ratio"] = RATIO
+    rows["cycles"] = (rows.ticks2 - rows.ticks1) * RATIO
+    rows["cycles_per_instance"] = rows.cycles / inst
+    return rows
+
+
+def one(rows: pd.DataFrame) -> pd.Series:
+    agg = estimate.aggregate(rows)
+    assert list(agg.columns) == estimate.AGG_COLUMNS and len(agg) == 1
+    return agg.iloc[0]
+
+
+@pytest.mark.parametrize("cpi", [0.25, 1.0, 4.0])
+@pytest.mark.parametrize("disturbed", [0.0, 0.5, 0.9])
+def test_estimate_is_the_clean_value_whatever_the_share_disturbed(cpi, disturbed):
+    row = one(noisy_rows(cpi, 256, disturbed, seed=int(cpi * 10 + disturbed * 100)))
+    # 26-tick steps on a call of 20,000 instances: 0.1-0.7 % of f2 - f1; the cluster mean
+    # averages them
+    assert row.cycles_per_instance_est == pytest.approx(cpi, rel=0.004)
+    assert not row.loops_disagree
+    if disturbed >= 0.5:
+        # the typical call shows the neighbour; the estimate does not
+        assert row.noise > 0.1
+    if disturbed >= 0.9:
+        assert row.cycles_per_instance_median > 1.2 * cpi
+
+
+def test_median_and_min_of_differences_are_what_the_estimate_avoids():
+    """With half the calls slowed, the median repetition is far off and the smallest
+    repetition difference (a slowed f1 beside a clean f2) is far too small: only estimating
+    each call kind on its own gets the CPU's value."""
+    rows = noisy_rows(1.0, 256, 0.5, seed=3)
+    assert rows.cycles_per_instance.median() > 1.1
+    assert rows.cycles_per_instance.min() < 0.8
+    assert one(rows).cycles_per_instance_est == pytest.approx(1.0, rel=0.004)
+
+
+def test_an_interrupted_f1_does_not_pull_the_estimate_down():
+    rows = noisy_rows(1.0, 32, 0.0, seed=1)
+    rows.loc[5, "ticks1"] += 50_000  # one f1 call interrupted (VM exit, timer tick)
+    rows.loc[5, "cycles_per_instance"] = (rows.ticks2[5] - rows.ticks1[5]) * RATIO / 20_000
+    assert rows.cycles_per_instance.min() < 0
+    row = one(rows)
+    assert row.cycles_per_instance_est == pytest.approx(1.0, rel=0.004)
+    assert not row.unstable
+
+
+def test_loops_at_two_speeds_give_the_faster_loop():
+    """Measured on Zen 4 (ADD m64,r64 x 4 + 10 vector ALU ops): the U-copy loop at 4.0 cycles
+    per instance, the 2U-copy loop at 5.4, so f2 - f1 = 6.8, the speed of neither loop."""
+    rows = noisy_rows(4.0, 32, 0.0, overhead=0.0)
+    rows["ticks2"] = (5.4 * 2 * 20_000 / RATIO) + 0 * rows.ticks2
+    row = one(rows)
+    assert row.cycles_per_instance_est == pytest.approx(4.0, rel=0.002)
+    assert row.loops_disagree
+    assert row.nonlinearity == pytest.approx(6.8 / 5.4 - 1, abs=0.01)
+    # an implied overhead (2 f1 - f2) within LOOPS_AGREE of f1: the difference stands (it
+    # cancels the call's fixed cost)
+    assert estimate.per_instance(1.002, 2.0) == (pytest.approx(0.998), False)
+    assert estimate.per_instance(1.01, 2.0) == (1.0, True)
+    assert estimate.per_instance(1.0, 2.7) == (1.0, True)
+
+
+def test_uncertainty_says_when_the_first_half_never_ran_clean():
+    """All calls of the first half disturbed, the second half clean: the estimate of all
+    repetitions is right, but it moved by more than stable_tol when the second half came in:
+    flagged unstable, with the spread as its uncertainty."""
+    rows = noisy_rows(1.0, 64, 0.0, seed=5)
+    first = rows.index < 32
+    rows.loc[first, "ticks1"] = (rows.ticks1[first] * 1.4).astype("int64")
+    rows.loc[first, "ticks2"] = (rows.ticks2[first] * 1.4).astype("int64")
+    row = one(rows)
+    assert row.cycles_per_instance_est == pytest.approx(1.0, rel=0.004)
+    assert row.unstable and row.rel_uncertainty > 0.3
+    clean = one(noisy_rows(1.0, 64, 0.3, seed=6))
+    assert not clean.unstable and clean.rel_uncertainty < estimate.STABLE_TOL
+
+
+def test_calibration_ratio_from_disturbed_chains():
+    """n and 2n dependent-add chains, some slowed: adds over the difference of robust lows."""
+    rng = np.random.default_rng(0)
+    adds = 20_000
+    cal1 = _ticks(np.full(40, adds * 1.0) * np.where(rng.random(40) < 0.3, 1.05, 1.0), rng)
+    cal2 = _ticks(np.full(40, 2 * adds * 1.0) * np.where(rng.random(40) < 0.3, 1.05, 1.0), rng)
+    assert estimate.calib_ratio(cal1, cal2, adds) == pytest.approx(RATIO, rel=0.003)
+    assert np.isnan(estimate.calib_ratio(cal2, cal1, adds))
+
+
+def test_robust_low_averages_the_timer_steps_and_ignores_the_tail():
+    x = np.array([1000, 1026, 1000, 1026, 1026, 1400, 1700, 2000])
+    assert estimate.robust_low(x, step=26) == pytest.approx(1015.6)
+    assert estimate.robust_low(x) == 1000  # no step given: 0.3 % of 1000 is 3 ticks
+    assert np.isnan(estimate.robust_low(np.array([])))
+
+
+def test_simulated_rows_are_their_own_value():
+    rows = make_rows("b0", {"A": [2.5]})
+    rows[["ticks1", "ticks2"]] = 0
+    row = one(rows)
+    assert row.cycles_per_instance_est == 2.5 and row.rel_uncertainty == 0.0
+
+
+def test_monitor_rows_are_kept_apart():
+    kernel = noisy_rows(1.0, 32, 0.0)
+    mon = pd.concat([noisy_rows(0.25, 32, 0.6, seed=s, batch=f"b{s}", kernel="ADD")
+                     .assign(role="monitor", timestamp=pd.Timestamp(f"2026-11-24T05:0{s}Z"))
+                     for s in (1, 2)])
+    rows = pd.concat([kernel, mon], ignore_index=True)
+    agg = estimate.aggregate(rows)
+    assert agg.kernel.tolist() == ["A"]
+    table = estimate.monitor_table(rows)
+    assert table.batch_id.tolist() == ["b1", "b2"]
+    assert np.allclose(table.cycles_per_instance_est, 0.25, rtol=0.005)
+    assert (table.noise > 0.1).all()
+
+
+def test_rounds_replicate_the_best_value():
+    """Three rounds seconds apart: one ran inside a burst (every call 30 % slow); the other
+    two reached the CPU's value and agree: the estimate is that value, certain. When only one
+    round reached its value, the uncertainty says how far the next round was."""
+    parts = [noisy_rows(1.0, 16, 0.0, seed=s).assign(round=s) for s in range(3)]
+    for col in ("ticks1", "ticks2"):
+        parts[0][col] = (parts[0][col] * 1.3).astype("int64")
+    row = one(pd.concat(parts, ignore_index=True))
+    assert row.cycles_per_instance_est == pytest.approx(1.0, rel=0.004)
+    assert not row.unstable and row.rel_uncertainty < estimate.STABLE_TOL
+    for col in ("ticks1", "ticks2"):
+        parts[1][col] = (parts[1][col] * 1.2).astype("int64")
+    row = one(pd.concat(parts, ignore_index=True))
+    assert row.cycles_per_instance_est == pytest.approx(1.0, rel=0.004)
+    assert row.unstable and row.rel_uncertainty == pytest.approx(0.2, rel=0.05)
