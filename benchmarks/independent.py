@@ -14,9 +14,11 @@ Method, and why:
   (dec/jnz, the taken branch, function call, clock reads) cancelled exactly;
 * a run times ``--target-ms`` (20-50 ms) of loop execution per unroll, read in clock_gettime
   chunks of ``--chunk-ms`` (N is chosen so one 2U call lasts one chunk); the minimum chunk over
-  all ``--runs`` runs is kept. Interference only ever adds time, and on a 2-vCPU guest another
-  process sharing the core preempts us every few ms: whole-run timings would then all be
-  inflated, chunks shorter than a time slice let the minimum reject the preempted ones;
+  all ``--runs`` runs is kept (50 us chunks by default: a neighbour on the same physical core
+  slows whole bursts of milliseconds, and a short chunk can fall between them; with 1 ms
+  chunks `add` read 0.276 cycles in a burst). Interference only ever adds time, and on a
+  2-vCPU guest another process sharing the core preempts us every few ms: whole-run timings
+  would then all be inflated, chunks shorter than a time slice let the minimum reject them;
 * the core clock is unknown in a KVM guest without counters, so the same method times a
   dependent ``add %rdx, %rax`` chain (latency exactly 1 cycle): its ns per add is ns per
   cycle. It is measured before and after the kernels; their mean converts ns to cycles.
@@ -167,7 +169,7 @@ def write_program(names: list[str], unroll: int) -> str:
 
 
 def measure(forms: list[str], cpu: int, unroll: int, runs: int, target_ms: float,
-            chunk_ms: float = 1.0) -> dict:
+            chunk_ms: float = 0.05) -> dict:
     """Compile and run the program; return {form: cycles/insn, "_ghz": .., "_ghz_drift": ..}."""
     names = ["_CLOCK_ADD_CHAIN"] + forms
     with tempfile.TemporaryDirectory(prefix="cpumap-indep-") as tmp:
@@ -208,7 +210,8 @@ def main() -> int:
     p.add_argument("--unroll", type=int, default=128, help="U; 2U is measured too (>= 64)")
     p.add_argument("--runs", type=int, default=9, help="runs per kernel, min is kept (>= 7)")
     p.add_argument("--target-ms", type=float, default=30.0, help="loop time per run and unroll")
-    p.add_argument("--chunk-ms", type=float, default=1.0, help="length of one timed chunk")
+    p.add_argument("--chunk-ms", type=float, default=0.05,
+                   help="length of one timed chunk (short: many fall into quiet moments)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     unknown = set(a.forms) - set(forms)

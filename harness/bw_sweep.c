@@ -85,10 +85,50 @@ static size_t layout(char *buf, enum kind k, size_t bytes, char **a, char **b, c
     return len;
 }
 
+/* Read kernel: `passes` passes over [a, a + len), both loops in assembly.  Each iteration
+ * XORs eight 32-byte loads into four accumulators (the load folded into vpxor: one macro-op
+ * each), one pointer, one compare: at two loads per cycle the loop control rides along, and no
+ * per-pass dispatch or second counter eats into small working sets (the C loop it replaced
+ * reached 60.8 of the 64 bytes per cycle two 32-byte loads allow). */
+static void read_passes(const char *a, size_t len, long passes)
+{
+    const char *end = a + len;
+    __asm__ volatile("vpxor %%ymm0, %%ymm0, %%ymm0\n\t"
+                     "vpxor %%ymm1, %%ymm1, %%ymm1\n\t"
+                     "vpxor %%ymm2, %%ymm2, %%ymm2\n\t"
+                     "vpxor %%ymm3, %%ymm3, %%ymm3\n\t"
+                     "2:\n\t"
+                     "mov %[a], %%rsi\n\t"
+                     ".p2align 5\n"
+                     "1:\n\t"
+                     "vpxor 0(%%rsi), %%ymm0, %%ymm0\n\t"
+                     "vpxor 32(%%rsi), %%ymm1, %%ymm1\n\t"
+                     "vpxor 64(%%rsi), %%ymm2, %%ymm2\n\t"
+                     "vpxor 96(%%rsi), %%ymm3, %%ymm3\n\t"
+                     "vpxor 128(%%rsi), %%ymm0, %%ymm0\n\t"
+                     "vpxor 160(%%rsi), %%ymm1, %%ymm1\n\t"
+                     "vpxor 192(%%rsi), %%ymm2, %%ymm2\n\t"
+                     "vpxor 224(%%rsi), %%ymm3, %%ymm3\n\t"
+                     "add $256, %%rsi\n\t"
+                     "cmp %[end], %%rsi\n\t"
+                     "jb 1b\n\t"
+                     "dec %[n]\n\t"
+                     "jnz 2b\n\t"
+                     "vzeroupper"
+                     : [n] "+r"(passes)
+                     : [a] "r"(a), [end] "r"(end)
+                     : "rsi", "xmm0", "xmm1", "xmm2", "xmm3", "cc", "memory");
+}
+
 static double run_passes(enum kind k, char *buf, size_t bytes, long passes)
 {
     char *a, *b, *c;
     size_t len = layout(buf, k, bytes, &a, &b, &c);
+    if (k == K_READ) {
+        if (passes > 0 && len > 0)
+            read_passes(a, len, passes);
+        return 0.0;
+    }
     __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     const __m256i val = _mm256_set1_epi64x(0x3FF1111111111111LL);
     const __m256d s = _mm256_set1_pd(1.0000001);

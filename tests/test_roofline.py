@@ -450,3 +450,19 @@ def test_best_of_k_when_every_short_call_was_slowed():
     other = rec["all_cores"]["per_core"][0]
     assert other["cycles_per_instance"] == pytest.approx(0.5, rel=2e-3)
     assert other["flops_per_cycle"] == pytest.approx(2.0, rel=2e-3)
+
+
+def test_l1_read_limit_and_check():
+    """The L1 read ceiling the CPU implies for the sweep's 256-bit loads, and the check."""
+    assert peak.l1_read_limit("zen4")["bytes_per_cycle"] == 64
+    assert peak.l1_read_limit("zen3")["bytes_per_cycle"] == 64
+    assert peak.l1_read_limit("zen5", 512)["bytes_per_cycle"] == 128
+    assert peak.l1_read_limit("unknown-core") is None
+    ceil = {"compute": {}, "l1_read_limit": peak.l1_read_limit("zen4"),
+            "bandwidth": {"one_core": {"read": {"levels": [
+                {"label": "L1", "bytes_per_cycle": 60.0}]}}}}
+    (check,) = build.checks(ceil, None)
+    assert check["name"] == "l1_read" and not check["ok"]
+    assert check["value"] == pytest.approx(60 / 64)
+    ceil["bandwidth"]["one_core"]["read"]["levels"][0]["bytes_per_cycle"] = 63.9
+    assert build.checks(ceil, None)[0]["ok"]

@@ -180,6 +180,8 @@ def make_ceilings(compute: Mapping, sweep_rows: pd.DataFrame | None, machine: Ma
         "compute": compute,
         "bandwidth": bw,
         "bandwidth_order": level_order_check(bw),
+        # bw_sweep's read kernel uses 256-bit loads
+        "l1_read_limit": peak.l1_read_limit((machine.get("uarch") or {}).get("name") or "", 256),
         "bytes_convention": "core-side bytes named by the kernels' loads and stores "
                             "(STREAM convention: copy 2 x, triad 3 x the array); write-allocate "
                             "line fills not counted; sizes are working sets per thread",
@@ -215,6 +217,16 @@ def checks(ceil: Mapping, points: pd.DataFrame | None) -> list[dict]:
                             f"{dp['theoretical']['flops_per_cycle']:g} "
                             f"({dp['theoretical']['form']}, {dp['theoretical']['uarch']} table)"
                             " (>= 90 %)"})
+    limit = ceil.get("l1_read_limit")
+    levels = ceil.get("bandwidth", {}).get("one_core", {}).get("read", {}).get("levels", [])
+    l1 = next((lv["bytes_per_cycle"] for lv in levels if lv["label"] == "L1"), None)
+    if limit and l1:
+        frac = l1 / limit["bytes_per_cycle"]
+        out.append({"name": "l1_read", "value": frac, "ok": frac >= 0.95,
+                    "text": f"one-core L1 read plateau: {l1:.1f} B/cycle = {frac:.1%} of the "
+                            f"{limit['bytes_per_cycle']:g} that {limit['loads_per_cycle']} "
+                            f"{limit['load_bits']}-bit loads per cycle allow "
+                            f"({limit['uarch']} table) (>= 95 %)"})
     for scope, rec in ceil.get("bandwidth_order", {}).items():
         out.append({"name": f"order_{scope}", "value": rec["values"],
                     "ok": rec["strictly_decreasing"],

@@ -66,6 +66,34 @@ FP_PIPES: dict[str, FpPipes] = {
 }
 
 
+#: L1 data loads per cycle and their widest width, per microarchitecture (the same sources
+#: as FP_PIPES): the read bandwidth limit the CPU implies for a kernel of a given load width.
+L1_LOADS: dict[str, tuple[int, int, str]] = {
+    "zen2": (2, 256, "[AMD-Z2] two 256-bit loads per cycle"),
+    "zen3": (3, 256, "[AMD-Z3] three loads per cycle, two of them 256-bit"),
+    "zen4": (3, 256, "[AMD-Z4] three loads per cycle, two of them 256-bit (512-bit as two)"),
+    "zen5": (4, 512, "[AMD-Z5] four loads per cycle, two of them 512-bit"),
+    "haswell": (2, 256, "[INTEL] two 256-bit loads per cycle"),
+    "skylake": (2, 256, "[INTEL] two 256-bit loads per cycle"),
+    "skylake-x": (2, 512, "[INTEL] two 512-bit loads per cycle"),
+    "cascadelake": (2, 512, "[INTEL] two 512-bit loads per cycle"),
+    "icelake-x": (2, 512, "[INTEL] two 512-bit loads per cycle"),
+    "sapphirerapids": (3, 512, "[INTEL] three loads per cycle, two of them 512-bit"),
+}
+
+
+def l1_read_limit(uarch: str, kernel_bits: int = 256) -> dict | None:
+    """Bytes per cycle the L1 allows a read kernel of ``kernel_bits``-wide loads: the wide
+    loads per cycle (at most two on every row above) x the narrower of the two widths. None
+    for a microarchitecture without a row."""
+    if uarch not in L1_LOADS:
+        return None
+    loads, bits, source = L1_LOADS[uarch]
+    wide = min(loads, 2)
+    return {"uarch": uarch, "bytes_per_cycle": wide * min(bits, kernel_bits) / 8,
+            "loads_per_cycle": wide, "load_bits": min(bits, kernel_bits), "source": source}
+
+
 def issue_rate(pipes: FpPipes, info: FlopInfo) -> float:
     """Instructions per cycle the table allows for one form: its pipes / cycles per op."""
     n = pipes.fma if info.kind in ("fma", "mul") or pipes.add == 0 else pipes.add
