@@ -170,3 +170,31 @@ def test_rounds_replicate_the_best_value():
     row = one(pd.concat(parts, ignore_index=True))
     assert row.cycles_per_instance_est == pytest.approx(1.0, rel=0.004)
     assert row.unstable and row.rel_uncertainty == pytest.approx(0.2, rel=0.05)
+
+
+def test_palmed_leaves_out_uncertain_kernels_but_not_singletons(tmp_path):
+    """The Measurer behind Palmed answers a kernel only if its uncertainty is within the
+    model's tolerance; a singleton is answered whatever its uncertainty (its form would
+    otherwise drop out of the model)."""
+    from test_db import PARAMS
+
+    from cpumap.measure.backend import Measurer
+    from cpumap.store import db
+
+    def uncertain(kernel: str, batch: str) -> pd.DataFrame:
+        parts = [noisy_rows(1.0, 16, 0.0, seed=s, kernel=kernel, batch=batch).assign(round=s)
+                 for s in range(2)]
+        for col in ("ticks1", "ticks2"):
+            parts[1][col] = (parts[1][col] * 1.2).astype("int64")
+        return pd.concat(parts, ignore_index=True)
+
+    rows = pd.concat([uncertain("A", "b0"), uncertain("A B", "b1"),
+                      noisy_rows(2.0, 16, 0.0, kernel="C", batch="b2")], ignore_index=True)
+    for b, g in rows.groupby("batch_id"):
+        db.append(tmp_path, g.reset_index(drop=True), str(b))
+    m = Measurer({"machine_id": rows.machine_id[0]}, pd.DataFrame(), PARAMS, tmp_path,
+                 tmp_path / "work", measure=False, max_uncertainty=0.05)
+    m.params_id, m.version = db.params_id(PARAMS), "1"
+    known = m.known()
+    assert known == {"A": pytest.approx(1.0, rel=0.004), "C": pytest.approx(2.0, rel=0.004)}
+    assert m.too_uncertain == {"A B"}

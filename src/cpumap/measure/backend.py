@@ -134,11 +134,17 @@ class Measurer:
 
     def _usable(self, agg: pd.DataFrame) -> dict[str, float]:
         """Estimates of the aggregated kernels, without those whose uncertainty exceeds
-        ``max_uncertainty`` (they are left out as failed kernels are, and remembered)."""
+        ``max_uncertainty`` (they are left out as failed kernels are, and remembered).
+
+        A singleton (one form, once) is kept whatever its uncertainty: it is the only
+        measurement that puts its form in the model at all, and its estimate is the best
+        round's, right whenever one round ran undisturbed."""
         keep = agg.cycles_per_instance_est > 0
         if self.max_uncertainty is not None:
-            keep &= agg.rel_uncertainty.fillna(np.inf) <= self.max_uncertainty
-            self.too_uncertain |= set(agg.kernel[~keep])
+            single = ~agg.kernel.astype(str).str.contains(r"[ *]")
+            certain = agg.rel_uncertainty.fillna(np.inf) <= self.max_uncertainty
+            self.too_uncertain |= set(agg.kernel[keep & ~certain & ~single])
+            keep &= certain | single
         return dict(zip(agg.kernel[keep], agg.cycles_per_instance_est[keep].astype(float),
                         strict=True))
 

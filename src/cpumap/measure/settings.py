@@ -36,7 +36,7 @@ class BenchSettings:
     calib_every: int = 16
     kcalib_adds: int = 50_000
     rounds: int = 3
-    max_rounds: int = 5
+    max_rounds: int = 8
     round_gap_ms: float = 300.0
     warmup: int = 2
     arena_bytes: int = 4096
