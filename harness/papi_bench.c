@@ -211,8 +211,10 @@ static int cmp_u64(const void *a, const void *b)
  * instead of picking the lowest one.  cpumap.measure.estimate.robust_low is the same. */
 #define ROBUST_WIDTH 0.003
 #define ROBUST_STEP 32
-static double robust_low(const uint64_t *x, long n, uint64_t *tmp)
+#define MIN_CLUSTER 3
+static double robust_low(const uint64_t *x, long n, uint64_t *tmp, long *members)
 {
+    *members = 0;
     if (n <= 0)
         return 0.0;
     memcpy(tmp, x, (size_t)n * sizeof *tmp);
@@ -224,15 +226,19 @@ static double robust_low(const uint64_t *x, long n, uint64_t *tmp)
     long m = 0;
     for (long i = 0; i < n && (double)tmp[i] <= lim; i++, m++)
         sum += (double)tmp[i];
+    *members = m;
     return sum / (double)m;
 }
 
 /* Ticks of U instances from the first n repetitions: f2 - f1 where both loops run at one
  * speed per instance (the implied overhead 2 f1 - f2 is a call's fixed cost), else the faster
  * loop's own (cpumap.measure.estimate.per_instance). */
-static double estimate(const uint64_t *t1, const uint64_t *t2, long n, uint64_t *tmp)
+static double estimate(const uint64_t *t1, const uint64_t *t2, long n, uint64_t *tmp,
+                       long *members)
 {
-    double r1 = robust_low(t1, n, tmp), r2 = robust_low(t2, n, tmp);
+    long m1, m2;
+    double r1 = robust_low(t1, n, tmp, &m1), r2 = robust_low(t2, n, tmp, &m2);
+    *members = m1 < m2 ? m1 : m2;
     double overhead = 2.0 * r1 - r2;
     if (overhead >= -LOOPS_AGREE * r1 && overhead <= LOOPS_AGREE * r1 + CALL_OVERHEAD_MAX_TICKS)
         return r2 - r1;
@@ -278,6 +284,9 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct p
         struct sample *s = &out[n];
         s->cal1 = s->cal2 = -1;
         if (n % pl->calib_every == 0) {
+            /* a short chain first: the kernel's body has pushed the calibration loop out of
+             * the op cache and the predictors, and the first chain after it ran 7-17 % long */
+            calib_once(2);
             s->cal1 = (long long)calib_once(pl->calib_iters);
             s->cal2 = (long long)calib_once(2 * pl->calib_iters);
         }
@@ -291,8 +300,13 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct p
         t2[n] = s->ticks2;
         n++;
         if (n == next_check) {
-            double all = estimate(t1, t2, n, tmp), half = estimate(t1, t2, n / 2, tmp);
-            if (all > 0 && fabs(half / all - 1.0) <= pl->stable) {
+            long members, unused;
+            double all = estimate(t1, t2, n, tmp, &members);
+            double half = estimate(t1, t2, n / 2, tmp, &unused);
+            /* settled: the first half already had the value, and the fastest cluster of each
+             * call kind holds MIN_CLUSTER repetitions (a value seen once may be luck: loads,
+             * whose undisturbed calls are rare on a shared core, stopped too early without) */
+            if (all > 0 && fabs(half / all - 1.0) <= pl->stable && members >= MIN_CLUSTER) {
                 *stable = 1;
                 break;
             }

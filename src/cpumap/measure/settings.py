@@ -32,7 +32,7 @@ class BenchSettings:
     min_reps: int = 16
     max_reps: int = 1024
     stable_tol: float = 0.005
-    budget_ms: float = 20.0
+    budget_ms: float = 5.0
     calib_every: int = 16
     kcalib_adds: int = 50_000
     rounds: int = 3
