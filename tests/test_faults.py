@@ -42,8 +42,10 @@ def test_killed_run_resumes_without_remeasuring(tmp_path: Path, host: dict) -> N
     cfg["catalogue"]["smoke_run"] = False
     cfg["selection"] = {"forms": "quick", "quick_list": str(quick)}
     # long calls, so that a batch measures for seconds and the kill lands inside one
+    # max_rounds = rounds: no extra passes for unsettled kernels, so every kernel has exactly
+    # one repetition per round whatever the neighbours do
     cfg["bench"] |= {"batch_size": 4, "min_reps": 1, "max_reps": 1, "rounds": 5,
-                     "total_insn": 100_000_000, "call_us": 0}
+                     "max_rounds": 5, "total_insn": 100_000_000, "call_us": 0}
     cfg["model"]["enabled"] = False
     cfgfile = tmp_path / "config.yaml"
     cfgfile.write_text(yaml.safe_dump(cfg))

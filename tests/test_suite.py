@@ -56,18 +56,27 @@ def test_driver_contract_and_identical_checksums(built):
 def test_min_ticks_times_back_to_back_calls_and_reports_per_call(built):
     """A warm repetition of a short kernel times R calls (>= min_ticks ticks); cycles are per
     call, so they agree with timing single calls, minus the TSC's coarse steps. Each is the
-    fastest of 3 processes: a whole process can run slow on this host (seen: 1.7x)."""
-    one = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=0, processes=3)
-    many = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=50_000, processes=3)
-    assert one["inner"] == 1 and many["inner"] > 1
-    assert min(many["ticks"]) >= 50_000 * 0.5  # a repetition lasts about min_ticks or more
-    per_call_ticks = min(many["ticks"]) / many["inner"]
-    assert many["cycles_min"] == pytest.approx(per_call_ticks * many["cycles_per_tick"],
-                                               rel=1e-3) if many["clock"] != "papi" else True
-    # single calls are quantised to the TSC step, not slower by more than a step or two plus
-    # the per-call loop; many calls are never slower per call than the fastest single one
-    # by more than the host's interference (min over 5)
-    assert many["cycles_min"] <= one["cycles_min"] * 1.25
+    fastest of 3 processes: a whole process can run slow on this host (seen: 1.7x), and a
+    neighbour's burst can outlast all of them (seen: 1.45x), so both kinds are sampled in
+    turn, up to 4 times, and compared by their fastest samples."""
+    one_min = many_min = float("inf")
+    for _ in range(4):
+        one = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=0, processes=3)
+        many = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=50_000, processes=3)
+        assert one["inner"] == 1 and many["inner"] > 1
+        assert min(many["ticks"]) >= 50_000 * 0.5  # a repetition lasts about min_ticks or more
+        per_call_ticks = min(many["ticks"]) / many["inner"]
+        if many["clock"] != "papi":
+            assert many["cycles_min"] == pytest.approx(
+                per_call_ticks * many["cycles_per_tick"], rel=1e-3)
+        one_min = min(one_min, one["cycles_min"])
+        many_min = min(many_min, many["cycles_min"])
+        # single calls are quantised to the TSC step, not slower by more than a step or two
+        # plus the per-call loop; many calls are never slower per call than the fastest single
+        # one by more than the host's interference
+        if many_min <= one_min * 1.25:
+            break
+    assert many_min <= one_min * 1.25
 
 
 def test_cycles_record_keeps_the_fastest_of_several_processes(built):
