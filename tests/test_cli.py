@@ -119,3 +119,42 @@ def test_predict_with_a_model(results, tmp_path):
     assert proc.returncode == 2 and "not in the model" in proc.stderr
     proc = run(results, "predict", "--model", str(tmp_path / "missing.json"), "ADD_R64_R64")
     assert proc.returncode == 2 and "missing.json" in proc.stderr
+
+
+def test_predict_in_bulk_one_json_line_per_kernel(results, tmp_path):
+    """A file (or standard input) of kernels: terms separated by ';' or canonical text, AT&T
+    resolved through the catalogue; a bad line is answered with an error, the rest still
+    predicted, and the exit status says that one failed."""
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({
+        "format": "cpumap-resource-model", "version": 1, "resources": ["p1", "p01"],
+        "rho": {"ADDSS_XMM_XMM": {"p01": 0.5}, "BSR_R64_R64": {"p1": 1.0, "p01": 0.5}},
+        "provenance": {}}))
+    text = ("# kernels\n"
+            "ADDSS_XMM_XMM*2; BSR_R64_R64\n"
+            "ADDSS_XMM_XMM*2 BSR_R64_R64\n"
+            "\n"
+            "bsrq %rax, %rbx; BSR_R64_R64*2\n"
+            "NOT_A_FORM\n"
+            "addss %xmm0, %xmm1*4\n")
+    kernels = tmp_path / "kernels.txt"
+    kernels.write_text(text)
+    for args, kw in (((("--file", str(kernels)),), {}), ((("--file", "-"),), {"input": text})):
+        proc = subprocess.run([sys.executable, "-m", "cpumap.cli", "--results", str(results),
+                               "predict", "--model", str(model), *args[0]],
+                              capture_output=True, text=True, timeout=300, **kw)
+        assert proc.returncode == 2, proc.stderr
+        assert "1 of 5 kernels could not be predicted (first: line 6:" in proc.stderr
+        out = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert [o["line"] for o in out] == [2, 3, 5, 6, 7]
+        assert out[0]["kernel"] == out[1]["kernel"] == "ADDSS_XMM_XMM*2 BSR_R64_R64"
+        assert out[0]["cycles"] == pytest.approx(1.5) and out[0]["bottleneck"] == "p01"
+        assert out[0]["bottleneck_label"] == "ADDSS: 2 per cycle"
+        assert out[2]["cycles"] == pytest.approx(3.0) and out[2]["bottleneck"] == "p1"
+        assert out[2]["bottleneck_label"] == "BSR: 1 per cycle"
+        assert "NOT_A_FORM" in out[3]["error"] and out[3]["input"] == "NOT_A_FORM"
+        assert out[4]["kernel"] == "ADDSS_XMM_XMM*4" and out[4]["cycles"] == pytest.approx(2)
+    proc = run(results, "predict", "--model", str(model))
+    assert proc.returncode == 2 and "nothing to predict" in proc.stderr
+    proc = run(results, "predict", "--model", str(model), "--file", str(kernels), "BSR_R64_R64")
+    assert proc.returncode == 2 and "not both" in proc.stderr

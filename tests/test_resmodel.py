@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cpumap.model import resmodel
-from cpumap.model.portmap import synthetic_mapping
+from cpumap.model.portmap import synthetic_mapping, true_resource_model
 from cpumap.model.resmodel import ResourceModel, predict
 from cpumap.model.simulate import SimulatedMachine
 
@@ -54,7 +54,7 @@ def test_load_rejects_bad_files(tmp_path) -> None:
 
 def test_table() -> None:
     t = MODEL.table()
-    assert list(t.columns) == ["form", "p01", "p1", "cycles", "bottleneck"]
+    assert list(t.columns) == ["form", "p01", "p1", "cycles", "bottleneck", "bottleneck_label"]
     row = t.set_index("form").loc["BSR"]
     assert row["p1"] == 1.0 and row["cycles"] == 1.0 and row["bottleneck"] == "p1"
 
@@ -91,3 +91,54 @@ def test_noise_is_deterministic_per_kernel(tmp_path) -> None:
     rel = [v / a.exact(k) - 1 for v, k in zip(va, kernels, strict=True)]
     assert max(abs(r) for r in rel) <= 0.06 + 1e-12 and max(abs(r) for r in rel) > 0
     assert len({a.machine_id, c.machine_id, SimulatedMachine(mp).machine_id}) == 3
+
+
+def test_resource_labels_name_the_forms_that_saturate_a_resource_alone() -> None:
+    # p01 limits ADDSS alone (2 per cycle); p1 limits BSR alone (1 per cycle): BSR's use of
+    # p01 is not its bottleneck, so it does not name p01
+    assert resmodel.resource_labels(MODEL) == {"p01": "ADDSS: 2 per cycle",
+                                               "p1": "BSR: 1 per cycle"}
+    wide = ResourceModel(
+        resources=["alu", "front", "idle"],
+        rho={"ADD_R64_R64": {"alu": 0.25, "front": 0.2},
+             "ADD_R32_R32": {"alu": 0.25, "front": 0.2},
+             "SUB_R64_R64": {"alu": 0.25, "front": 0.2},
+             "MULX_R64_R64_R64": {"alu": 0.5, "front": 0.4}})
+    # rates alone as a range (a two-μop form takes twice the resource); a resource no form
+    # is limited by alone names its heaviest users; an unused one says so
+    assert resmodel.resource_labels(wide) == {
+        "alu": "ADD/MULX/SUB: 2-4 per cycle",
+        "front": "shared by 4 forms, most MULX/ADD/SUB",
+        "idle": "unused"}
+    assert json.loads(json.dumps(wide.to_dict()))["labels"]["alu"].startswith("ADD/MULX")
+    assert list(wide.table().bottleneck_label) == ["ADD/MULX/SUB: 2-4 per cycle"] * 4
+
+
+def test_predictor_answers_exactly_as_predict() -> None:
+    """The bulk predictor's sums and tie rule are predict's, on a 10-port machine's exact
+    resource model (many ties: forms on the same ports)."""
+    import random
+
+    truth = true_resource_model(synthetic_mapping(10, 300, seed=3))
+    model = ResourceModel(resources=truth["resources"], rho=truth["rho"])
+    fast = resmodel.Predictor(model)
+    rng = random.Random(0)
+    forms = model.forms
+    for _ in range(2000):
+        k = {f: rng.randint(1, 4) for f in rng.sample(forms, rng.randint(1, 6))}
+        assert fast.predict(k) == predict(model, k)
+    assert fast.predict({}) == (0.0, None)
+    with pytest.raises(KeyError, match="NOPE"):
+        fast.predict({"NOPE": 1})
+
+
+def test_model_report_lists_resources_with_labels() -> None:
+    from cpumap.model import jobs
+
+    lines = jobs.resource_table(MODEL)
+    assert "| p01 | ADDSS: 2 per cycle | 2 | 1 |" in lines
+    assert "| p1 | BSR: 1 per cycle | 1 | 1 |" in lines
+    report = jobs.validation_report({"kernels": 0, "rms_rel_error_ipc": float("nan"),
+                                     "mape_ipc": float("nan"), "kendall_tau": float("nan")},
+                                    {}, "m", 0, model=MODEL)
+    assert "## Resources" in report and "| p1 | BSR: 1 per cycle | 1 | 1 |" in report

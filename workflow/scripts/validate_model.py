@@ -35,6 +35,6 @@ files.write_json_atomic(metrics, snakemake.output.metrics)
 # how quiet the host was while the model's kernels were measured (the monitor of each batch)
 monitor = monitor_table(db.load(measurer.db_dir, machine_id=machine["machine_id"]))
 report = jobs.validation_report(metrics, stats, machine["machine_id"], count,
-                                noise.summary_line(noise.summary(monitor)))
+                                noise.summary_line(noise.summary(monitor)), model=model)
 files.write_text_atomic(report, snakemake.output.report)
 print(json.dumps(metrics))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cpumap.cli import count as count_cli
 from cpumap.cli import measure as measure_cli
+from cpumap.cli import predict as predict_cli
 from cpumap.cli import roofline as roofline_cli
 from cpumap.cli import store as store_cli
 from cpumap.cli.context import Context, UsageError, say
@@ -19,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cpumap", description=DESCRIPTION)
     p.add_argument("--results", default="results", help="results directory (default: results)")
     sub = p.add_subparsers(dest="cmd", required=True)
-    measure_cli.add_parsers(sub)  # measure, predict, forms, catalogue, machine
+    measure_cli.add_parsers(sub)  # measure, forms, catalogue, machine
+    predict_cli.add_parser(sub)  # predict
     count_cli.add_parser(sub)  # count-blocks
     store_cli.add_parsers(sub)  # archive, restore, merge
     roofline_cli.add_parser(sub)  # roofline

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cpumap.host import machine
-from cpumap.isa import catalogue
-from cpumap.measure import harness
-from cpumap.measure.smoke import SmokeRun
-from cpumap.store import files
+if TYPE_CHECKING:
+    from cpumap.isa import catalogue
+
+# The floors below are imported where a subcommand first needs them, not here: every
+# subcommand goes through this module, and `cpumap predict` must start in a fraction of a
+# second (pandas, pyarrow and iced-x86 alone take longer).
 
 
 class UsageError(Exception):
@@ -34,6 +36,8 @@ class Context:
     @property
     def desc(self) -> dict:
         if self._desc is None:
+            from cpumap.host import machine
+
             self._desc = machine.describe()
         return self._desc
 
@@ -42,15 +46,23 @@ class Context:
         return self.results / self.desc["machine_id"]
 
     def machine_json(self) -> Path:
+        from cpumap.host import machine
+
         path = self.root / "machine.json"
         if not path.exists():
             machine.write_machine_json(path, self.desc)
         return path
 
     def harness_bin(self) -> Path:
+        from cpumap.measure import harness
+
         return harness.build_harness(self.root / "bin")
 
     def catalogue(self, rebuild: bool = False, smoke: bool = True) -> catalogue.Catalogue:
+        from cpumap.isa import catalogue
+        from cpumap.measure.smoke import SmokeRun
+        from cpumap.store import files
+
         path = self.root / "isa" / "forms.parquet"
         if rebuild or not path.exists():
             self.machine_json()

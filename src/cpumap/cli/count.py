@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from cpumap.cli.context import UsageError
-from cpumap.evaluate.blocks import BlockError, FunctionNotFound, extract_blocks
-from cpumap.evaluate.counting import DEFAULT_TIMEOUT_S, CountError, count
 
 
 def _options(p: argparse.ArgumentParser, defaults: bool) -> None:
@@ -20,7 +18,7 @@ def _options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--all-blocks", action="store_true", dest="all_blocks",
                    help="break on every block (no flow-conservation derivation)", **keep)
     p.add_argument("--timeout", type=float, help="seconds before the program is killed "
-                   f"(default {DEFAULT_TIMEOUT_S:g})", **keep)
+                   "(default: cpumap.evaluate.counting.DEFAULT_TIMEOUT_S)", **keep)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -66,6 +64,10 @@ def _split_rest(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace, ctx: Any = None) -> int:
+    # local: Capstone, pyelftools and iced-x86 are only needed here, not to start `cpumap`
+    from cpumap.evaluate.blocks import BlockError, FunctionNotFound, extract_blocks
+    from cpumap.evaluate.counting import DEFAULT_TIMEOUT_S, CountError, count
+
     prog_args = _split_rest(args)
     timeout = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S
     if not args.binary.is_file():

@@ -1,24 +1,25 @@
-"""Subcommands on kernels and forms: measure, predict, forms, catalogue, machine."""
+"""Subcommands on kernels and forms: measure, forms, catalogue, machine."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from cpumap.cli.context import Context, UsageError, say
-from cpumap.isa import catalogue
-from cpumap.measure import asmgen, batch, estimate, harness
-from cpumap.measure.settings import BenchSettings
-from cpumap.store import db
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from cpumap.isa import catalogue
 
 
 def resolve_kernel(cat: catalogue.Catalogue, terms: list[str]) -> dict[str, int]:
+    from cpumap.isa import catalogue
+    from cpumap.measure import asmgen
+
     kernel: dict[str, int] = {}
     try:
         for text, n in asmgen.parse_kernel_terms(terms):
@@ -33,6 +34,10 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
               recent: pd.DataFrame | None = None) -> dict:
     """The JSON of ``cpumap measure``; ``recent``: other rows of this machine measured lately,
     whose calibration samples join the batch's (cpumap.measure.estimate.batch_ratios)."""
+    import pandas as pd
+
+    from cpumap.measure import asmgen, estimate
+
     ok = rows[(rows.status == "ok") & (rows.role != "monitor")]
     if ok.empty:
         errors = "; ".join(sorted(set(rows.error[rows.role != "monitor"])))
@@ -60,6 +65,11 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
 def _recent(db_dir, machine_id: str, hours: float = 1.0) -> pd.DataFrame | None:
     """Rows of this machine and harness stored in the last ``hours``: their calibration
     samples help estimate the core clock of a one-kernel measurement."""
+    import pandas as pd
+
+    from cpumap.measure import harness
+    from cpumap.store import db
+
     if not db_dir.exists():
         return None
     rows = db.load(db_dir, machine_id=machine_id)
@@ -68,6 +78,10 @@ def _recent(db_dir, machine_id: str, hours: float = 1.0) -> pd.DataFrame | None:
 
 
 def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
+    from cpumap.measure import asmgen, batch, harness
+    from cpumap.measure.settings import BenchSettings
+    from cpumap.store import db
+
     bench = BenchSettings() if args.repeat is None else BenchSettings(min_reps=args.repeat)
     for key in ("unroll_size", "total_insn", "cpu"):
         if getattr(args, key) is not None:
@@ -110,55 +124,9 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
-    from cpumap.model import (
-        resmodel,  # local: predicting needs neither harness nor iced
-        validation,
-    )
-
-    try:
-        model = resmodel.load(args.model)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load model {args.model}: {exc}") from exc
-    known = set(model.forms)
-    kernel: dict[str, int] = {}
-    try:
-        terms = asmgen.parse_kernel_terms(args.instr)
-    except asmgen.KernelError as exc:
-        raise UsageError(str(exc)) from exc
-    cat = None
-    for text, n in terms:
-        name = text if text in known else None
-        if name is None:
-            # a form name in another case, or AT&T text: resolve through this host's catalogue
-            cat = cat or ctx.catalogue()
-            try:
-                name = cat.resolve(text)
-            except catalogue.UnknownInstruction as exc:
-                raise UsageError(str(exc)) from exc
-        if name not in known:
-            raise UsageError(f"{text!r} ({name}) is not in the model {args.model}")
-        kernel[name] = kernel.get(name, 0) + n
-    cycles, bottleneck = resmodel.predict(model, kernel)
-    out = {"kernel": asmgen.canonical(kernel), "forms": sorted(kernel),
-           "n_insns": sum(kernel.values()), "cycles": cycles,
-           "ipc": sum(kernel.values()) / cycles if cycles > 0 else None,
-           "bottleneck": bottleneck, "model": str(args.model),
-           "interacting": validation.interacting(model, kernel)}
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(f"{out['kernel']}: {cycles:.4f} cycles per instance, IPC {out['ipc']:.3f}, "
-              f"bottleneck {bottleneck}")
-    if out["interacting"]:
-        # a prediction the model cannot vouch for: said on stderr so that --json stays JSON
-        print("warning: the kernel holds a pair of forms that ran slower together than one "
-              "after the other when the model was built (provenance.interacting): no "
-              "resource model predicts it", file=sys.stderr)
-    return 0
-
-
 def cmd_forms(args: argparse.Namespace, ctx: Context) -> int:
+    import pandas as pd
+
     df = ctx.catalogue().df
     if not args.all:
         df = df[df.status == "ok"]
@@ -193,7 +161,7 @@ def cmd_machine(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register measure, predict, forms, catalogue and machine."""
+    """Register measure, forms, catalogue and machine."""
     m = sub.add_parser("measure", help="measure the throughput of one kernel (a multiset)")
     m.add_argument("instr", nargs="+", help="form name or AT&T instruction, optionally *N")
     m.add_argument("--json", action="store_true")
@@ -206,11 +174,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--cpu", type=int, help="core to pin the harness to")
     m.add_argument("-v", "--verbose", action="store_true")
     m.set_defaults(fn=cmd_measure)
-    pr = sub.add_parser("predict", help="predict the throughput of a kernel with a model")
-    pr.add_argument("instr", nargs="+", help="form name or AT&T instruction, optionally *N")
-    pr.add_argument("--model", required=True, type=Path, help="model.json")
-    pr.add_argument("--json", action="store_true")
-    pr.set_defaults(fn=cmd_predict)
     f = sub.add_parser("forms", help="list instruction forms of the catalogue")
     f.add_argument("pattern", nargs="?", help="regular expression on name or AT&T template")
     f.add_argument("--all", action="store_true", help="include excluded forms")

@@ -18,9 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from cpumap.cli.context import UsageError, say
-from cpumap.evaluate import suite
-from cpumap.measure.settings import BenchSettings
-from cpumap.store import files
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -45,8 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, ctx) -> int:
+    from cpumap.evaluate import suite
+    from cpumap.measure.settings import BenchSettings
     from cpumap.roofline import build, plots, points, report
     from cpumap.roofline.sweep import build_sweep
+    from cpumap.store import files
 
     machine = json.loads(ctx.machine_json().read_text())
     out = Path(args.out) if args.out else ctx.root / "roofline-cli"

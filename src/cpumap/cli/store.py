@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from cpumap.cli.context import say
-from cpumap.store import archive, merge
 
 
 def cmd_archive(args: argparse.Namespace, ctx: Any) -> int:
+    from cpumap.store import archive  # local, as every subcommand's floors: a fast start
+
     t0 = time.monotonic()
     try:
         manifest = archive.archive(args.results, args.file)
@@ -28,6 +29,8 @@ def cmd_archive(args: argparse.Namespace, ctx: Any) -> int:
 
 
 def cmd_restore(args: argparse.Namespace, ctx: Any) -> int:
+    from cpumap.store import archive
+
     into = args.into if args.into is not None else args.results
     t0 = time.monotonic()
     try:
@@ -59,6 +62,8 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_merge(args: argparse.Namespace, ctx: Any) -> int:
+    from cpumap.store import merge
+
     into = args.into if args.into is not None else Path(args.results)
     try:
         rep = merge.merge(args.sources, into)

@@ -249,9 +249,11 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
 
 
 def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], machine_id: str,
-                      count: int, noise_line: str | None = None) -> str:
+                      count: int, noise_line: str | None = None,
+                      model: resmodel.ResourceModel | None = None) -> str:
     """A short Markdown report of the model and its held-out errors; ``noise_line`` says how
-    quiet the host was while it was measured (cpumap.evaluate.noise.summary_line)."""
+    quiet the host was while it was measured (cpumap.evaluate.noise.summary_line); with the
+    ``model``, a table of its resources and their labels (what each one is)."""
     def fmt(v: float) -> str:
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
 
@@ -300,6 +302,8 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"| Kendall's tau of IPC | {fmt(metrics['kendall_tau'])} |", ""]
     if noise_line:
         lines += [noise_line, ""]
+    if model is not None:
+        lines += resource_table(model)
     sub = metrics.get("without_interacting")
     if sub is not None:
         lines += [f"The {metrics['kernels'] - sub['kernels']} kernels holding a pair of forms "
@@ -310,3 +314,21 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
                   f"{fmt(sub['rms_rel_error_ipc'])}, MAPE {fmt(sub['mape_ipc'])}, "
                   f"Kendall's tau {fmt(sub['kendall_tau'])}.", ""]
     return "\n".join(lines)
+
+
+def resource_table(model: resmodel.ResourceModel) -> list[str]:
+    """Markdown lines: each resource, its label, how many forms use it and are limited by it."""
+    labels = resmodel.resource_labels(model)
+    users = dict.fromkeys(model.resources, 0)
+    limited = dict.fromkeys(model.resources, 0)
+    for form in model.forms:
+        for r in model.rho[form]:
+            users[r] = users.get(r, 0) + 1
+        _, bottleneck = resmodel.predict(model, {form: 1})
+        if bottleneck is not None:
+            limited[bottleneck] += 1
+    lines = ["## Resources", "",
+             "| resource | label | forms using it | forms it limits alone |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {r} | {labels[r]} | {users[r]} | {limited[r]} |" for r in model.resources]
+    return [*lines, ""]

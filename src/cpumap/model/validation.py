@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from itertools import combinations
 
 import numpy as np
 import pandas as pd
@@ -48,13 +47,6 @@ def metrics(table: pd.DataFrame) -> dict[str, float]:
             "mape_ipc": float(np.mean(np.abs(rel))), "kendall_tau": float(tau)}
 
 
-def interacting(model: resmodel.ResourceModel, kernel: Mapping[str, int]) -> bool:
-    """Whether the kernel holds a pair of forms the model's build found interacting (slower
-    together than in sequence: outside what a resource model predicts)."""
-    pairs = {frozenset(p) for p in model.provenance.get("interacting", [])}
-    return any(frozenset(p) in pairs for p in combinations(sorted(kernel), 2))
-
-
 def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
              measure: Callable[[list[str]], Mapping[str, float]]) -> pd.DataFrame:
     """Measured and predicted cycles and IPC of each kernel (failed measurements: NaN)."""
@@ -67,7 +59,7 @@ def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
         meas = measured.get(asmgen.canonical(k), math.nan)
         rows.append({"kernel": text, "n_insns": n, "cycles_measured": meas,
                      "cycles_predicted": pred, "bottleneck": bottleneck,
-                     "interacting": interacting(model, k),
+                     "interacting": resmodel.interacting(model, k),
                      "ipc_measured": n / meas if meas and meas > 0 else math.nan,
                      "ipc_predicted": n / pred if pred > 0 else math.nan})
     return pd.DataFrame(rows)

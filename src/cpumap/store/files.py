@@ -17,11 +17,11 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:  # imported where used: `cpumap predict` writes JSON only and starts fast
+    import pandas as pd
+    import pyarrow as pa
 
 __all__ = [
     "CorruptFileError",
@@ -97,6 +97,8 @@ def _write_with(path: Path | str, writer: Callable[[IO[Any]], None], mode: str) 
 
 def write_table_atomic(table: pa.Table, path: Path | str) -> Path:
     """Write a pyarrow table as Parquet atomically; returns the path."""
+    import pyarrow.parquet as pq
+
     return _write_with(path, lambda handle: pq.write_table(table, handle), "wb")
 
 
@@ -108,6 +110,8 @@ def write_parquet_atomic(
     With ``schema`` the columns are converted to exactly those types, so a
     writer cannot silently change a column type between runs.
     """
+    import pyarrow as pa
+
     table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
     return write_table_atomic(table, path)
 
@@ -134,6 +138,9 @@ def read_parquet_table_checked(path: Path | str, columns: list[str] | None = Non
     A missing file raises FileNotFoundError as usual: that is a different
     problem (a stage did not run) from a file that exists but is damaged.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such Parquet file: {p}")
@@ -147,6 +154,9 @@ def read_parquet_table_checked(path: Path | str, columns: list[str] | None = Non
 
 def read_parquet_schema_checked(path: Path | str) -> pa.Schema:
     """The Arrow schema in a Parquet file's footer; a damaged file raises CorruptFileError."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such Parquet file: {p}")
