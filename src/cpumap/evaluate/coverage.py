@@ -1,0 +1,165 @@
+"""How much real code a resource model can answer for: the suite's executed instructions and
+the blocks of a basic-block corpus (BHive's sources), and what is missing, named.
+
+A model that lacks one form of a block cannot predict the block: dropping the instruction
+would under-predict, so coverage is counted per block. Two figures, because they answer
+different questions:
+
+- **suite**: the share of each benchmark's *executed* instructions (occurrences from gdb x
+  instructions of the block, terminators left out as every analyzer sees the block without
+  its branch) that lie in blocks whose every form is modelled;
+- **corpus**: per application, the share of blocks (weighted by the corpus's frequency column)
+  whose every instruction maps to a modelled form.
+
+Each missing instruction is named with why: the form is not in the model, the catalogue
+excludes it (its reason), or the catalogue has no such form (iced-x86's code name).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cpumap.isa import x86
+from cpumap.isa.catalogue import Catalogue
+
+__all__ = ["Coverage", "corpus_coverage", "read_corpus", "suite_coverage"]
+
+
+@dataclass
+class Coverage:
+    """Covered and total weight of one application or benchmark, and what was missing."""
+
+    name: str
+    covered: float = 0.0
+    total: float = 0.0
+    blocks: int = 0
+    blocks_covered: int = 0
+    #: "FORM (why)" -> weight of the blocks it kept from being predicted
+    missing: Counter = field(default_factory=Counter)
+
+    @property
+    def share(self) -> float:
+        return self.covered / self.total if self.total > 0 else float("nan")
+
+    def row(self, top: int = 5) -> dict[str, Any]:
+        return {"name": self.name, "share": self.share, "blocks": self.blocks,
+                "blocks_covered": self.blocks_covered,
+                "top_missing": "; ".join(f"{k} {v / self.total:.2%}"
+                                         for k, v in self.missing.most_common(top))}
+
+
+class _Forms:
+    """Machine code -> the forms of its instructions, each distinct block decoded once."""
+
+    def __init__(self, catalogue: Catalogue, modelled: Iterable[str]):
+        self.cat = catalogue
+        self.modelled = set(modelled)
+        self.cache: dict[str, tuple[list[str], list[str]]] = {}
+
+    def why(self, form: str, code: str) -> str:
+        if not form:
+            return f"{code} (not in the catalogue)"
+        row = self.cat.by_name[form]
+        if row.status != "ok":
+            return f"{form} (excluded: {row.reason})"
+        return f"{form} (not modelled)"
+
+    def block(self, hexes: str) -> tuple[list[str], list[str]]:
+        """(every instruction's form or '', the reasons of those not modelled)."""
+        hit = self.cache.get(hexes)
+        if hit is None:
+            forms, missing = [], []
+            for ins in x86.decode_all(bytes.fromhex(hexes)):
+                form = self.cat.by_key.get(x86.form_key(ins), "")
+                forms.append(form)
+                if form not in self.modelled:
+                    missing.append(self.why(form, x86.CODE_NAMES[ins.code]))
+            hit = self.cache[hexes] = (forms, missing)
+        return hit
+
+
+def read_corpus(path: Path | str) -> list[tuple[str, float]]:
+    """``hex,frequency`` lines of a BHive source file (malformed lines raise, naming them)."""
+    out = []
+    with open(path, newline="", encoding="utf-8") as handle:
+        for number, row in enumerate(csv.reader(handle), 1):
+            if not row:
+                continue
+            try:
+                out.append((row[0].strip(), float(row[1])))
+                bytes.fromhex(row[0])
+            except (IndexError, ValueError) as exc:
+                raise ValueError(f"{path}:{number}: expected hex,frequency: {exc}") from exc
+    return out
+
+
+def corpus_coverage(sources: Mapping[str, Path], catalogue: Catalogue,
+                    modelled: Iterable[str]) -> list[Coverage]:
+    """One Coverage per application (``sources``: name -> CSV), frequency-weighted blocks."""
+    forms = _Forms(catalogue, modelled)
+    out = []
+    for name, path in sources.items():
+        cov = Coverage(name)
+        for hexes, freq in read_corpus(path):
+            _, missing = forms.block(hexes)
+            cov.blocks += 1
+            cov.total += freq
+            if missing:
+                for why in set(missing):
+                    cov.missing[why] += freq
+            else:
+                cov.blocks_covered += 1
+                cov.covered += freq
+        out.append(cov)
+    return out
+
+
+def suite_coverage(blocks: pd.DataFrame, counts: pd.DataFrame,
+                   modelled: Iterable[str], catalogue: Catalogue) -> list[Coverage]:
+    """One Coverage per benchmark: executed instructions in blocks the model predicts.
+
+    ``blocks``: the suite's block tables (evaluate/blocks/*.parquet, with ``hexes`` and
+    ``terminator``); ``counts``: their occurrences (evaluate/counts/*.parquet).
+    """
+    forms = _Forms(catalogue, modelled)
+    occ = counts.set_index(["benchmark", "block_id"]).occurrences
+    out: dict[str, Coverage] = {}
+    for b in blocks.itertuples(index=False):
+        n = int(occ.get((b.benchmark, b.block_id), 0))
+        hexes = list(b.hexes)
+        if b.terminator and hexes:
+            hexes = hexes[:-1]  # the block as every analyzer sees it
+        cov = out.setdefault(b.benchmark, Coverage(b.benchmark))
+        cov.blocks += 1
+        if not hexes or n == 0:
+            cov.blocks_covered += not hexes
+            continue
+        _, missing = forms.block("".join(hexes))
+        weight = n * len(hexes)
+        cov.total += weight
+        if missing:
+            for why in set(missing):
+                cov.missing[why] += weight
+        else:
+            cov.blocks_covered += 1
+            cov.covered += weight
+    return [out[k] for k in sorted(out)]
+
+
+def summary(items: list[Coverage]) -> Coverage:
+    """All items together (weights summed)."""
+    total = Coverage("all")
+    for c in items:
+        total.covered += c.covered
+        total.total += c.total
+        total.blocks += c.blocks
+        total.blocks_covered += c.blocks_covered
+        total.missing.update(c.missing)
+    return total
