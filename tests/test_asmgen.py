@@ -147,3 +147,43 @@ def test_read_modify_writes_never_load_what_stores_wrote(catalogue, host):
     assert touched["store"] and touched["rmw"]
     assert not touched["store"] & touched["rmw"]
     assert max(touched["rmw"]) < PARAMS.arena_bytes // 2
+
+
+@pytest.mark.parametrize("names,pre,post", [
+    (["ADD"], [], []),
+    (["PUSH"] * 3, [], ["    lea 24(%rsp), %rsp"]),
+    (["POP"] * 2, ["    lea -16(%rsp), %rsp"], []),
+    (["POP", "PUSH", "POP"], ["    lea -8(%rsp), %rsp"], []),
+    (["PUSH", "ADD", "POP", "POP"], ["    lea -8(%rsp), %rsp"], []),
+    (["POP", "PUSH", "PUSH"], ["    lea -8(%rsp), %rsp"], ["    lea 16(%rsp), %rsp"]),
+])
+def test_stack_frame_keeps_pops_below_the_callers_frame(names, pre, post):
+    stack = {"PUSH": -8, "POP": 8, "ADD": 0}
+    assert asmgen.stack_frame(names, stack) == (pre, post)
+
+
+def test_pushes_and_pops_leave_rsp_where_it_was(catalogue, host):
+    """Walk each function's loop body as the CPU would: no pop ever reads at or above the
+    caller's RSP, and RSP is back where it was at the end of every iteration."""
+    names = ["PUSH_R64", "POP_R64", "PUSH_I32", "POP_M64", "ADD_R64_R64"]
+    specs = {n: catalogue.spec(n) for n in names}
+    kernel = {"PUSH_R64": 1, "POP_R64": 3, "PUSH_I32": 1, "POP_M64": 1, "ADD_R64_R64": 1}
+    asm, (meta,) = asmgen.generate_batch([kernel], specs, PARAMS, set(host["isa_flags"]))
+    assert meta.insns2 - meta.insns1 == meta.iters * meta.unroll * 7  # the lea's cancel
+    for fn in ("f1", "f2"):
+        lines = re.search(rf"cpumap_k0_{fn}_loop:\n(.*?)\n    dec %r15", asm, re.S).group(1)
+        rsp = 0
+        pops = 0
+        for line in lines.splitlines():
+            lea = re.fullmatch(r"    lea (-?\d+)\(%rsp\), %rsp", line)
+            if lea:
+                rsp += int(lea.group(1))
+                continue
+            data = bytes(int(b, 16) for b in line.split("#")[0].split()[1].split(","))
+            (ins,) = x86.decode_all(data)
+            d = ins.stack_pointer_increment
+            if d > 0:
+                pops += 1
+                assert rsp + d <= 0, line  # reads below the caller's RSP only
+            rsp += d
+        assert rsp == 0 and pops == meta.unroll * 4 * (1 if fn == "f1" else 2)

@@ -67,6 +67,16 @@ def test_measure_json_add_and_linearity(results):
     assert one["host_noise"] is not None and one["cycles_median"] > 0
 
 
+def test_pushes_and_pops_are_measured_with_the_stack_pointer_restored(results):
+    """A kernel of pushes and pops runs (the generator balances RSP around each loop body),
+    and no faster than the CPU's stores allow: at most 2 per cycle on any x86-64 core, so a
+    push and a pop take at least half a cycle (interference can only slow it down)."""
+    out = json.loads(run(results, "measure", "--json", "--no-db", "pushq %rax",
+                         "POP_R64").stdout)
+    assert out["forms"] == ["POP_R64", "PUSH_R64"]
+    assert out["cycles"] >= 0.5 * (1 - 0.02 - out["uncertainty"])
+
+
 def test_measure_is_cached_then_forced(results):
     first = json.loads(run(results, "measure", "--json", "--repeat", "3", "VADDPD_YMM_YMM_YMM")
                        .stdout)

@@ -169,6 +169,8 @@ class Emitter:
     cache: dict = field(default_factory=dict)
     #: the kernel has both plain stores and read-modify-writes of memory (see operands_for)
     split_rmw: bool = False
+    #: form -> how far one instance moves RSP (pushes: -8, pops: +8; most forms: 0)
+    stack: dict = field(default_factory=dict)
 
     def operands_for(self, name: str) -> tuple[list[str | None], int, str]:
         spec = self.specs[name]
@@ -225,7 +227,31 @@ class Emitter:
             line = ("    .byte " + ",".join(f"{b:#04x}" for b in x86.encode(instr))
                     + f"  # {x86.att(instr)}")
             self.cache[key] = line
+            self.stack[name] = int(instr.stack_pointer_increment)
         return line
+
+
+def stack_frame(names: list[str], stack: Mapping[str, int]) -> tuple[list[str], list[str]]:
+    """Instructions before and after a loop body of pushes and pops that keep it safe.
+
+    Pops read at RSP and move it up: run from the caller's RSP they would read, and the pushes
+    after them overwrite, the live frames above it (return address, saved registers). So the
+    body starts ``A`` bytes lower, A the highest point any pop reaches, and ends with RSP back
+    where it was. Two ``lea`` per loop iteration, in f1 and f2 alike: the n/2n difference
+    takes them out (they are not counted as kernel instances). Empty for bodies without stack
+    forms.
+    """
+    depth = top = 0
+    for name in names:
+        d = stack.get(name, 0)
+        if d > 0:  # a pop reads [RSP, RSP + d) before moving RSP up
+            top = max(top, depth + d)
+        depth += d
+    if top == 0 and depth == 0:
+        return [], []
+    pre = [f"    lea {-top}(%rsp), %rsp"] if top else []
+    post = [f"    lea {top - depth}(%rsp), %rsp"] if top - depth else []
+    return pre, post
 
 
 @dataclass
@@ -321,7 +347,10 @@ def generate_batch(
                       if op.kind == "mem" and "w" in op.access}
         em = Emitter(specs, alloc, params.arena_bytes, split_rmw={"w", "rw"} <= mem_writes)
         body2 = [em.emit(name) for _ in range(2 * unroll) for name in copy]
-        for fn, body in (("f1", body2[:unroll * m]), ("f2", body2)):
+        names2 = [name for _ in range(2 * unroll) for name in copy]
+        for fn, n in (("f1", unroll * m), ("f2", 2 * unroll * m)):
+            pre, post = stack_frame(names2[:n], em.stack)
+            body = pre + body2[:n] + post
             lines, fixed = _function(f"cpumap_k{i}_{fn}", body, kspecs, host_flags,
                                      params.arena_bytes)
             out += lines
