@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from cpumap.model.jobs import listed_forms as extra_forms
@@ -17,3 +19,34 @@ def test_extra_forms(tmp_path) -> None:
                     "Z": f"listed in {path} but not in the catalogue"}
     assert extra_forms({"extra_forms": None}, forms) == ([], {})
     assert extra_forms({}, forms) == ([], {})
+
+
+def test_dependence_chain_forms_join_the_model_as_approximations():
+    """MUL's and ADC's chains: each on a resource of its own, sized by its measured cycles,
+    named in provenance.approximate and flagged in predictions; a form that did not
+    measure stays not modelled; other left-out forms are untouched."""
+    from cpumap.model import jobs, resmodel
+
+    model = resmodel.ResourceModel(resources=["alu"], rho={"ADD_R64_R64": {"alu": 0.25}})
+    left = {"MUL_R64": "writes RAX/RDX implicitly (dependence chain)",
+            "ADC_R64_R64": "reads and writes the flags (dependence chain)",
+            "DIV_R32": "writes RAX/RDX implicitly (dependence chain)",
+            "X_R64": "listed in f.txt but not in the catalogue"}
+    asked = []
+
+    def measure(kernels):
+        asked.extend(kernels)
+        return [{"MUL_R64": 3.0, "ADC_R64_R64": 1.0}.get(k, math.nan) for k in kernels]
+
+    out = jobs.add_chain_forms(model, left, measure, lambda _: None)
+    assert asked == ["ADC_R64_R64", "DIV_R32", "MUL_R64"]
+    assert sorted(out) == ["ADC_R64_R64", "MUL_R64"]
+    assert model.rho["MUL_R64"] == {"chain:MUL_R64": 3.0}
+    assert model.resources == ["alu", "chain:ADC_R64_R64", "chain:MUL_R64"]
+    assert set(model.approximate) == {"ADC_R64_R64", "MUL_R64"}
+    fast = resmodel.Predictor(model)
+    # the chain runs beside the ALU work: 3 cycles per MUL, the adds hidden behind it
+    assert fast.predict({"MUL_R64": 1, "ADD_R64_R64": 8}) == (3.0, "chain:MUL_R64")
+    assert fast.approximate({"MUL_R64": 1, "ADD_R64_R64": 8}) == ["MUL_R64"]
+    assert fast.approximate({"ADD_R64_R64": 1}) == []
+    assert resmodel.resource_labels(model)["chain:MUL_R64"] == "MUL: 0.333 per cycle"

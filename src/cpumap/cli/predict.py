@@ -112,7 +112,8 @@ def answer(predictor: Any, kernel: dict[str, int]) -> dict[str, Any]:
     return {"kernel": asmgen.canonical(kernel), "n_insns": n, "cycles": cycles,
             "ipc": n / cycles if cycles > 0 else None, "bottleneck": bottleneck,
             "bottleneck_label": predictor.labels.get(bottleneck) if bottleneck else None,
-            "interacting": predictor.interacting(kernel)}
+            "interacting": predictor.interacting(kernel),
+            "approximate": predictor.approximate(kernel)}
 
 
 def _lines(source: Iterable[str]) -> Iterator[tuple[int, str]]:
@@ -196,6 +197,10 @@ def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
         print("warning: the kernel holds a pair of forms that ran slower together than one "
               "after the other when the model was built (provenance.interacting): no "
               "resource model predicts it", file=sys.stderr)
+    if out["approximate"]:
+        print(f"warning: {', '.join(out['approximate'])}: modelled approximately (a "
+              "dependence chain: its own measured cycles on a resource of its own; "
+              "provenance.approximate)", file=sys.stderr)
     return 0
 
 

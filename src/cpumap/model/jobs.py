@@ -220,8 +220,10 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     b = job.load(state_in)
     b.mapping(job.measure, job.log)
     model, stats = b.remaining(job.measure, job.log)
+    left = b.info.get("not_modelled", {})
+    stats["approximate"] = add_chain_forms(model, left, job.measure, job.log)
     job.record(b)
-    stats["not_modelled"] = b.info.get("not_modelled", {})
+    stats["not_modelled"] = {f: r for f, r in left.items() if f not in stats["approximate"]}
     # kernels each Palmed job measured itself when it last ran (the pairs and mapping kernels
     # are measured by the palmed_measure batch jobs), and each job's seconds; the total is
     # the Palmed jobs' time, without the batch jobs (their rows carry their own timestamps)
@@ -229,6 +231,41 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     stats["job_seconds"] = b.info["job_seconds"]
     stats["wall_seconds"]["total"] = sum(stats["job_seconds"].values())
     return model, stats
+
+
+#: The end of ``modelable``'s reason for a form whose kernels are latency-bound chains.
+CHAIN = "(dependence chain)"
+
+
+def add_chain_forms(model: resmodel.ResourceModel, left: Mapping[str, str],
+                    measure: Callable[[list[str]], list[float]],
+                    log: Callable[[str], None]) -> dict[str, str]:
+    """Forms left out of Palmed as dependence chains (MUL/DIV's RDX:RAX, ADC's flags, shifts
+    by CL), added to the model as approximations: each on a resource of its own, used for
+    its measured singleton cycles.
+
+    In a kernel of copies of such a form every copy waits for the previous one, so its
+    singleton is a latency; a resource of that size says "one chain link per instance, in
+    parallel with everything else", right for the chain itself, blind to the ports the form
+    shares with others, and wrong where two chain forms feed each other. Hence approximate:
+    ``provenance.approximate`` names each form and why, and every prediction of a kernel
+    that holds one says so. Forms whose singleton did not measure stay not modelled.
+    """
+    chains = sorted(f for f, why in left.items() if why.endswith(CHAIN))
+    out: dict[str, str] = {}
+    if not chains:
+        return out
+    for form, cycles in zip(chains, measure(chains), strict=True):
+        if not (cycles > 0 and math.isfinite(cycles)):
+            continue
+        resource = f"chain:{form}"
+        model.resources.append(resource)
+        model.rho[form] = {resource: float(cycles)}
+        out[form] = (f"{left[form]}: predicted from its own measured cycles "
+                     f"({cycles:.3f}) on a resource of its own")
+    model.provenance["approximate"] = dict(out)
+    log(f"approximate (dependence chains, their measured cycles): {len(out)} forms")
+    return out
 
 
 def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, table_path: Path,
@@ -275,6 +312,9 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              "not measured again)",
              f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
              f"{sorted(stats.get('not_modelled', {}))}",
+             f"- forms modelled approximately (dependence chains, on a resource of their own"
+             f" sized by their measured cycles): {len(stats.get('approximate', {}))} "
+             f"{sorted(stats.get('approximate', {}))}",
              f"- seconds of the Palmed jobs: {fmt_s(stats.get('wall_seconds', {}).get('total'))}"
              " (" + ", ".join(f"{k} {v:.2f}" for k, v in stats.get("job_seconds", {}).items())
              + "; batch measuring jobs not included)",

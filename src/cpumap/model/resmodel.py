@@ -74,6 +74,11 @@ class ResourceModel:
     def forms(self) -> list[str]:
         return sorted(self.rho)
 
+    @property
+    def approximate(self) -> dict[str, str]:
+        """Forms modelled only approximately (dependence chains), each with why."""
+        return dict(self.provenance.get("approximate") or {})
+
     def validate(self) -> None:
         """Raise ValueError on unknown resources, negative or non-finite uses."""
         known = set(self.resources)
@@ -259,6 +264,7 @@ class Predictor:
                      for f, u in model.rho.items()}
         self.labels = resource_labels(model)
         self._pairs = _interacting_pairs(model)
+        self._approximate = frozenset(model.approximate)
 
     def __contains__(self, form: str) -> bool:
         return form in self.uses
@@ -281,6 +287,10 @@ class Predictor:
 
     def interacting(self, kernel: Iterable[str]) -> bool:
         return _holds_pair(self._pairs, kernel)
+
+    def approximate(self, kernel: Iterable[str]) -> list[str]:
+        """The kernel's forms the model holds only approximately (``model.approximate``)."""
+        return sorted(f for f in kernel if f in self._approximate) if self._approximate else []
 
 
 def save(model: ResourceModel, path: str | Path) -> Path:
