@@ -150,7 +150,11 @@ def test_stages_through_state_files_give_the_same_model(built, machine, tmp_path
     b = Build.load(state, replay, cfg)
     planned = set(b.mapping_kernels())
     b.mapping(replay)
-    assert len(planned) == stats["kernels"]["saturating"] + stats["kernels"]["mapping"]
+    # the plan holds the balanced mixes (measured by batch jobs in the pipeline); the lighter
+    # proportions they ask for are measured by the mapping stage itself (screening)
+    done = set(b.asked.get("saturating", [])) | set(b.asked["mapping"])
+    assert planned < done
+    assert len(done) == stats["kernels"]["saturating"] + stats["kernels"]["mapping"]
     again, stats2 = b.remaining(replay)
     a, c = tmp_path / "a.json", tmp_path / "c.json"
     resmodel.save(model, a)

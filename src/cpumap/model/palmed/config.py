@@ -71,6 +71,9 @@ class PalmedConfig:
     # resources the core may find (None: max_resources); the rest is left to the refinement,
     # which alone can give slow forms (dividers) a resource of their own
     max_core_resources: int | None = None
+    # mapping kernels screened: each form meets each saturating kernel at the balanced
+    # proportion first, and at the lighter ones only where that mix was slower than SK alone
+    screen: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
@@ -79,7 +82,8 @@ class PalmedConfig:
                 "max_refine": self.max_refine, "refine_batch": self.refine_batch,
                 "fit_rounds": self.fit_rounds, "max_kernel": self.max_kernel,
                 "seed": self.seed, "max_pair_forms": self.max_pair_forms,
-                "core_batch": self.core_batch, "max_core_resources": self.max_core_resources}
+                "core_batch": self.core_batch, "max_core_resources": self.max_core_resources,
+                "screen": self.screen}
 
     @property
     def core_cap(self) -> int:

@@ -46,12 +46,37 @@ def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]]
                            meas: Measurements, config: PalmedConfig | None = None) -> list[str]:
     """Stage 6: every form against every saturating kernel (with its construction time) at
     each proportion of ``betas`` (and each scaled SK^s alone, the base of the difference):
-    ``|R| (1 + 2 len(betas))`` kernels per form at most, linear in the number of forms."""
+    ``|R| (1 + 2 len(betas))`` kernels per form at most, linear in the number of forms.
+
+    Screened (``config.screen``): the balanced proportion (``betas[0]``) first; the lighter
+    ones only once that mix has measured slower than its SK^s alone by more than ``tol``.
+    The increase bounds the form's use of the saturated resource from above at every
+    proportion (``_increase``), so a mix no slower than SK^s says the use is nil and the
+    lighter mixes could only say it again; a slower one may be a use or a bottleneck moved
+    elsewhere, which the lighter ones tell apart. A form uses a few of the resources, so most
+    pairs stop after one mix: about |R| + 2 x (resources it touches) mixes per form. Until the
+    balanced mixes are measured only they are returned; the callers measure and ask again.
+    """
     cfg = config or PalmedConfig()
     out: set[str] = set()
     for sk, t_sk in saturating:
-        out |= set(_mix_texts(dict(sk), t_sk, sorted(forms), singletons, cfg.betas,
-                              cfg.max_kernel))
+        sk = dict(sk)
+        if not cfg.screen:
+            out |= set(_mix_texts(sk, t_sk, sorted(forms), singletons, cfg.betas,
+                                  cfg.max_kernel))
+            continue
+        out.add(_text(sk))
+        for f in sorted(forms):
+            base, k = mix(sk, t_sk, f, singletons[f], cfg.betas[0], cfg.max_kernel)
+            tb, tk = _text(base), _text(k)
+            out |= {tb, tk}
+            if tb not in meas or tk not in meas:
+                continue
+            m_base, m_mix = meas[tb], meas[tk]
+            if not (math.isfinite(m_base) and math.isfinite(m_mix)) or \
+                    m_mix > m_base * (1 + max(cfg.tol, 1e-9)):
+                out |= set(_mix_texts(sk, t_sk, [f], singletons, cfg.betas[1:],
+                                      cfg.max_kernel)[1:])
     return sorted(t for t in out if t not in meas)
 
 
