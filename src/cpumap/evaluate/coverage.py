@@ -44,6 +44,17 @@ class Coverage:
     #: "FORM (why)" -> weight of the blocks it kept from being predicted
     missing: Counter = field(default_factory=Counter)
 
+    def add(self, weight: float, missing: list[str]) -> None:
+        """One block of this weight, predicted unless something in it is ``missing``."""
+        self.blocks += 1
+        self.total += weight
+        if missing:
+            for why in set(missing):
+                self.missing[why] += weight
+        else:
+            self.blocks_covered += 1
+            self.covered += weight
+
     @property
     def share(self) -> float:
         return self.covered / self.total if self.total > 0 else float("nan")
@@ -108,15 +119,7 @@ def corpus_coverage(sources: Mapping[str, Path], catalogue: Catalogue,
     for name, path in sources.items():
         cov = Coverage(name)
         for hexes, freq in read_corpus(path):
-            _, missing = forms.block(hexes)
-            cov.blocks += 1
-            cov.total += freq
-            if missing:
-                for why in set(missing):
-                    cov.missing[why] += freq
-            else:
-                cov.blocks_covered += 1
-                cov.covered += freq
+            cov.add(freq, forms.block(hexes)[1])
         out.append(cov)
     return out
 
@@ -137,19 +140,8 @@ def suite_coverage(blocks: pd.DataFrame, counts: pd.DataFrame,
         if b.terminator and hexes:
             hexes = hexes[:-1]  # the block as every analyzer sees it
         cov = out.setdefault(b.benchmark, Coverage(b.benchmark))
-        cov.blocks += 1
-        if not hexes or n == 0:
-            cov.blocks_covered += not hexes
-            continue
-        _, missing = forms.block("".join(hexes))
-        weight = n * len(hexes)
-        cov.total += weight
-        if missing:
-            for why in set(missing):
-                cov.missing[why] += weight
-        else:
-            cov.blocks_covered += 1
-            cov.covered += weight
+        # a block that never runs weighs nothing (it still counts as a block predicted or not)
+        cov.add(n * len(hexes), forms.block("".join(hexes))[1] if hexes else [])
     return [out[k] for k in sorted(out)]
 
 
