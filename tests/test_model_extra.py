@@ -50,3 +50,16 @@ def test_dependence_chain_forms_join_the_model_as_approximations():
     assert fast.approximate({"MUL_R64": 1, "ADD_R64_R64": 8}) == ["MUL_R64"]
     assert fast.approximate({"ADD_R64_R64": 1}) == []
     assert resmodel.resource_labels(model)["chain:MUL_R64"] == "MUL: 0.333 per cycle"
+
+
+def test_leave_is_predicted_as_its_parts_and_flagged():
+    from cpumap.model import jobs, resmodel
+
+    model = resmodel.ResourceModel(
+        resources=["alu", "load"],
+        rho={"MOV_R64_R64": {"alu": 0.25}, "POP_R64": {"load": 0.33, "alu": 0.1}})
+    assert sorted(jobs.add_decomposed_forms(model)) == ["LEAVE", "LEAVE_OPC9"]
+    assert model.rho["LEAVE"] == {"alu": 0.35, "load": 0.33}
+    assert "MOV_R64_R64 + POP_R64" in model.approximate["LEAVE"]
+    bare = resmodel.ResourceModel(resources=["alu"], rho={"MOV_R64_R64": {"alu": 0.25}})
+    assert jobs.add_decomposed_forms(bare) == {} and "LEAVE" not in bare.rho
