@@ -52,18 +52,33 @@ def fastest(results: Path, *kernels: str, tries: int = 2) -> list[dict]:
 
 
 def test_measure_json_add_and_linearity(results):
-    """add r64,r64 alone and doubled; physics: 1/ALU-count cycles, A*2 = 2 x A."""
-    one, two = fastest(results, "addq %rax, %rbx", "ADD_R64_R64*2")
+    """add r64,r64 alone and doubled; physics: 1/ALU-count cycles, A*2 = 2 x A.
+
+    The integer ALUs are what this host's neighbours take, for minutes (seen: ADD 4 % and
+    ADD*2 2.5x slow inside one burst, each invocation settled): while the two disagree, both
+    are measured again, up to 4 rounds, and compared by their fastest, which interference
+    cannot make faster."""
+    def agree(one: dict, two: dict) -> bool:
+        # the uncertainty each measurement reports bounds the comparison (2 % for the rest:
+        # the calibration and the TSC's steps)
+        tol = 0.02 + 2 * (one["uncertainty"] + two["uncertainty"])
+        return abs(two["cycles"] / (2 * one["cycles"]) - 1) <= tol
+
+    kernels = ("addq %rax, %rbx", "ADD_R64_R64*2")
+    outs: list[list[dict]] = [[], []]
+    for _ in range(4):
+        for out, got in zip(outs, fastest(results, *kernels, tries=1), strict=True):
+            out.append(got)
+        one, two = (min(out, key=lambda o: o["cycles"]) for out in outs)
+        if len(outs[0]) >= 2 and agree(one, two):
+            break
     assert one["forms"] == ["ADD_R64_R64"] and one["n_insns"] == 1
     assert one["clock"] in ("papi", "tsc-calibrated")
     assert one["repetitions"] >= 16  # bench.min_reps, then more until stable
     # at most 8 simple integer ALUs on any x86 core, at least one per cycle
     assert 0.12 <= one["cycles"] <= 1.0
     assert one["ipc"] == pytest.approx(1 / one["cycles"])
-    # the uncertainty each measurement reports bounds the comparison (2 % for the rest: the
-    # calibration and the TSC's steps)
-    tol = 0.02 + 2 * (one["uncertainty"] + two["uncertainty"])
-    assert two["cycles"] == pytest.approx(2 * one["cycles"], rel=tol), (one, two)
+    assert agree(one, two), (outs)
     assert one["host_noise"] is not None and one["cycles_median"] > 0
 
 
