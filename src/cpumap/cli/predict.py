@@ -38,26 +38,37 @@ _NAME_TERM = re.compile(r"^[A-Za-z0-9_]+(\*\d+)?$")
 
 
 class Resolver:
-    """Instruction text -> model form name, each distinct text resolved once."""
+    """Instruction text -> model form name, each distinct text resolved once; the answer for
+    a resolved kernel."""
 
     def __init__(self, forms: Iterable[str], ctx: Context, model_path: Path):
+        # loaded already with the model (resmodel imports it): taken once, not per line
+        from cpumap.measure import asmgen
+
+        self._asmgen = asmgen
         self.known = set(forms)
         self.upper = {f.upper(): f for f in self.known}
         self.ctx = ctx
         self.model_path = model_path
-        self.cache: dict[str, str | Exception] = {}
+        self.names: dict[str, str] = {}
+        #: text -> why it cannot be predicted (a fresh UsageError each time it is seen again)
+        self.errors: dict[str, str] = {}
         self._cat: Any = None
 
     def name(self, text: str) -> str:
         """The model's form for ``text``; UsageError names what is wrong with it."""
-        hit = self.cache.get(text)
-        if hit is None:
-            hit = self.cache[text] = self._resolve(text)
-        if isinstance(hit, Exception):
-            raise hit
-        return hit
+        name = self.names.get(text)
+        if name is None:
+            if text not in self.errors:
+                try:
+                    self.names[text] = name = self._resolve(text)
+                except UsageError as exc:
+                    self.errors[text] = str(exc)
+            if name is None:
+                raise UsageError(self.errors[text])
+        return name
 
-    def _resolve(self, text: str) -> str | Exception:
+    def _resolve(self, text: str) -> str:
         name = self.upper.get(text.upper())
         if name is None:
             # AT&T text (or a name outside the model): this host's catalogue says which form
@@ -68,23 +79,30 @@ class Resolver:
             try:
                 name = self._cat.resolve(text)
             except catalogue.UnknownInstruction as exc:
-                return UsageError(str(exc))
+                raise UsageError(str(exc)) from None
         if name not in self.known:
-            return UsageError(f"{text!r} ({name}) is not in the model {self.model_path}")
+            raise UsageError(f"{text!r} ({name}) is not in the model {self.model_path}")
         return name
 
     def kernel(self, terms: list[str]) -> dict[str, int]:
-        from cpumap.measure import asmgen
-
         try:
-            parsed = asmgen.parse_kernel_terms(terms)
-        except asmgen.KernelError as exc:
+            parsed = self._asmgen.parse_kernel_terms(terms)
+        except self._asmgen.KernelError as exc:
             raise UsageError(str(exc)) from exc
         kernel: dict[str, int] = {}
         for text, n in parsed:
             name = self.name(text)
             kernel[name] = kernel.get(name, 0) + n
         return kernel
+
+    def answer(self, predictor: Any, kernel: dict[str, int]) -> dict[str, Any]:
+        cycles, bottleneck = predictor.predict(kernel)
+        n = sum(kernel.values())
+        return {"kernel": self._asmgen.canonical(kernel), "n_insns": n, "cycles": cycles,
+                "ipc": n / cycles if cycles > 0 else None, "bottleneck": bottleneck,
+                "bottleneck_label": predictor.labels.get(bottleneck) if bottleneck else None,
+                "interacting": predictor.interacting(kernel),
+                "approximate": predictor.approximate(kernel)}
 
 
 def line_terms(line: str) -> list[str]:
@@ -104,18 +122,6 @@ def line_terms(line: str) -> list[str]:
     return terms
 
 
-def answer(predictor: Any, kernel: dict[str, int]) -> dict[str, Any]:
-    from cpumap.measure import asmgen
-
-    cycles, bottleneck = predictor.predict(kernel)
-    n = sum(kernel.values())
-    return {"kernel": asmgen.canonical(kernel), "n_insns": n, "cycles": cycles,
-            "ipc": n / cycles if cycles > 0 else None, "bottleneck": bottleneck,
-            "bottleneck_label": predictor.labels.get(bottleneck) if bottleneck else None,
-            "interacting": predictor.interacting(kernel),
-            "approximate": predictor.approximate(kernel)}
-
-
 def _lines(source: Iterable[str]) -> Iterator[tuple[int, str]]:
     for number, raw in enumerate(source, 1):
         line = raw.strip()
@@ -133,7 +139,7 @@ def predict_lines(predictor: Any, resolver: Resolver, lines: Iterable[tuple[int,
     dumps = json.dumps
     for number, line in lines:
         try:
-            obj = {"line": number, **answer(predictor, resolver.kernel(line_terms(line)))}
+            obj = {"line": number, **resolver.answer(predictor, resolver.kernel(line_terms(line)))}
         except UsageError as exc:
             failed += 1
             first_error = first_error or f"line {number}: {exc}"
@@ -184,7 +190,8 @@ def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
             return 2
         return 0
     kernel = resolver.kernel([t for arg in args.instr for t in line_terms(arg)])
-    out = {**answer(predictor, kernel), "forms": sorted(kernel), "model": str(args.model)}
+    out = {**resolver.answer(predictor, kernel), "forms": sorted(kernel),
+           "model": str(args.model)}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -197,10 +204,9 @@ def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
         print("warning: the kernel holds a pair of forms that ran slower together than one "
               "after the other when the model was built (provenance.interacting): no "
               "resource model predicts it", file=sys.stderr)
-    if out["approximate"]:
-        print(f"warning: {', '.join(out['approximate'])}: modelled approximately (a "
-              "dependence chain: its own measured cycles on a resource of its own; "
-              "provenance.approximate)", file=sys.stderr)
+    for form in out["approximate"]:
+        print(f"warning: {form} is modelled approximately (provenance.approximate): "
+              f"{model.approximate[form]}", file=sys.stderr)
     return 0
 
 

@@ -72,7 +72,7 @@ class _Forms:
     def __init__(self, catalogue: Catalogue, modelled: Iterable[str]):
         self.cat = catalogue
         self.modelled = set(modelled)
-        self.cache: dict[str, tuple[list[str], list[str]]] = {}
+        self.cache: dict[str, list[str]] = {}
 
     def why(self, form: str, code: str) -> str:
         if not form:
@@ -82,17 +82,14 @@ class _Forms:
             return f"{form} (excluded: {row.reason})"
         return f"{form} (not modelled)"
 
-    def block(self, hexes: str) -> tuple[list[str], list[str]]:
-        """(every instruction's form or '', the reasons of those not modelled)."""
+    def missing(self, hexes: str) -> list[str]:
+        """Why each instruction of the block the model does not hold is missing."""
         hit = self.cache.get(hexes)
         if hit is None:
-            forms, missing = [], []
-            for ins in x86.decode_all(bytes.fromhex(hexes)):
-                form = self.cat.by_key.get(x86.form_key(ins), "")
-                forms.append(form)
-                if form not in self.modelled:
-                    missing.append(self.why(form, x86.CODE_NAMES[ins.code]))
-            hit = self.cache[hexes] = (forms, missing)
+            hit = self.cache[hexes] = [
+                self.why(form, x86.CODE_NAMES[ins.code])
+                for ins in x86.decode_all(bytes.fromhex(hexes))
+                if (form := self.cat.by_key.get(x86.form_key(ins), "")) not in self.modelled]
         return hit
 
 
@@ -119,7 +116,7 @@ def corpus_coverage(sources: Mapping[str, Path], catalogue: Catalogue,
     for name, path in sources.items():
         cov = Coverage(name)
         for hexes, freq in read_corpus(path):
-            cov.add(freq, forms.block(hexes)[1])
+            cov.add(freq, forms.missing(hexes))
         out.append(cov)
     return out
 
@@ -141,7 +138,7 @@ def suite_coverage(blocks: pd.DataFrame, counts: pd.DataFrame,
             hexes = hexes[:-1]  # the block as every analyzer sees it
         cov = out.setdefault(b.benchmark, Coverage(b.benchmark))
         # a block that never runs weighs nothing (it still counts as a block predicted or not)
-        cov.add(n * len(hexes), forms.block("".join(hexes))[1] if hexes else [])
+        cov.add(n * len(hexes), forms.missing("".join(hexes)) if hexes else [])
     return [out[k] for k in sorted(out)]
 
 

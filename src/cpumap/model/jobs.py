@@ -264,7 +264,7 @@ def add_chain_forms(model: resmodel.ResourceModel, left: Mapping[str, str],
         model.rho[form] = {resource: float(cycles)}
         out[form] = (f"{left[form]}: predicted from its own measured cycles "
                      f"({cycles:.3f}) on a resource of its own")
-    model.provenance["approximate"] = dict(out)
+    model.provenance["approximate"] = {**model.approximate, **out}
     log(f"approximate (dependence chains, their measured cycles): {len(out)} forms")
     return out
 

@@ -149,7 +149,8 @@ def predict(model: ResourceModel, kernel: Mapping[str, int] | str) -> tuple[floa
     for form in k:
         if form not in model.rho:
             raise KeyError(f"form {form!r} is not in the resource model")
-    loads = [sum(n * model.rho[f].get(r, 0.0) for f, n in k.items()) for r in model.resources]
+    loads = {i: sum(n * model.rho[f].get(r, 0.0) for f, n in k.items())
+             for i, r in enumerate(model.resources)}
     return _bottleneck(loads, model.resources)
 
 
@@ -157,12 +158,13 @@ def predict(model: ResourceModel, kernel: Mapping[str, int] | str) -> tuple[floa
 TIE = 1e-12
 
 
-def _bottleneck(loads: list[float], resources: list[str]) -> tuple[float, str | None]:
-    best = max(loads, default=0.0)
+def _bottleneck(loads: Mapping[int, float], resources: list[str]) -> tuple[float, str | None]:
+    """The largest load and its resource: the first in model order among the tied (the one
+    tie rule of ``predict`` and ``Predictor``; ``loads`` maps resource index -> load)."""
+    best = max(loads.values(), default=0.0)
     if best <= 0:
         return 0.0, None
-    first = next(i for i, v in enumerate(loads) if v >= best * (1 - TIE))
-    return best, resources[first]
+    return best, resources[min(i for i, v in loads.items() if v >= best * (1 - TIE))]
 
 
 #: A use within this fraction of a form's largest one saturates with it (rounding in files).
@@ -266,9 +268,6 @@ class Predictor:
         self._pairs = _interacting_pairs(model)
         self._approximate = frozenset(model.approximate)
 
-    def __contains__(self, form: str) -> bool:
-        return form in self.uses
-
     def predict(self, kernel: Mapping[str, int]) -> tuple[float, str | None]:
         """Cycles per instance and bottleneck resource; KeyError names an unknown form."""
         load: dict[int, float] = {}
@@ -279,11 +278,7 @@ class Predictor:
                 raise KeyError(f"form {form!r} is not in the resource model") from None
             for i, v in uses:
                 load[i] = load.get(i, 0.0) + n * v
-        best = max(load.values(), default=0.0)
-        if best <= 0:
-            return 0.0, None
-        first = min(i for i, v in load.items() if v >= best * (1 - TIE))
-        return best, self.model.resources[first]
+        return _bottleneck(load, self.model.resources)
 
     def interacting(self, kernel: Iterable[str]) -> bool:
         return _holds_pair(self._pairs, kernel)

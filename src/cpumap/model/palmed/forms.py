@@ -76,7 +76,7 @@ def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]]
             if not (math.isfinite(m_base) and math.isfinite(m_mix)) or \
                     m_mix > m_base * (1 + max(cfg.tol, 1e-9)):
                 out |= set(_mix_texts(sk, t_sk, [f], singletons, cfg.betas[1:],
-                                      cfg.max_kernel)[1:])
+                                      cfg.max_kernel))
     return sorted(t for t in out if t not in meas)
 
 
