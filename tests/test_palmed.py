@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from cpumap.measure.asmgen import parse_canonical
+from cpumap.measure.asmgen import canonical, parse_canonical
 from cpumap.model import palmed, resmodel
 from cpumap.model.palmed.build import Build, build_model
 from cpumap.model.portmap import synthetic_mapping
@@ -230,3 +230,49 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     kept = palmed._polish(rho, 3, forms, singletons, {**meas, "A B": 3.0}, 0.05, bad,
                           stats, lambda _: None)
     assert palmed._predict(kept, 3, {"A": 1, "B": 1}).max() == pytest.approx(0.5)
+
+
+def test_behaviour_classes_group_alike_forms_only() -> None:
+    """X and Y measured alike against the saturating kernel join one class (X first, its
+    representative); Z's lighter mix differs by more than tol; the basic forms B and C
+    measured alike but each stays a representative (its uses come from the core); W's
+    balanced mix failed: alone."""
+    from cpumap.model.palmed.classes import behaviour_classes, substituted
+    cfg = palmed.PalmedConfig(tol=0.01, betas=(1.0, 0.25))
+    sk = ({"S": 4}, 1.0)
+    singletons = dict.fromkeys("BCWXYZ", 0.5)
+    meas: dict[str, float] = {}
+    for f, light in (("B", 1.3), ("C", 1.3), ("X", 1.25), ("Y", 1.255), ("Z", 1.40),
+                     ("W", 1.25)):
+        for beta, value in ((1.0, 2.0), (0.25, light)):
+            _, k = palmed.mix(sk[0], sk[1], f, 0.5, beta)
+            meas[canonical(k)] = value
+    _, kw = palmed.mix(sk[0], sk[1], "W", 0.5, 1.0)
+    meas[canonical(kw)] = float("nan")
+    got = behaviour_classes(sorted(singletons), ["B", "C"], [sk], singletons, meas, cfg)
+    assert got.members == {"B": ["B"], "C": ["C"], "W": ["W"], "X": ["X", "Y"], "Z": ["Z"]}
+    assert got.of("Y") == "X" and got.reps == ["B", "C", "W", "X", "Z"]
+    # a pair measured with the member stands for the same pair with its representative
+    view = substituted({"B Y*2": 1.5, "B X*2": 1.4, "Y Z": 0.9}, got)
+    assert view["B X*2"] == 1.4 and view["X Z"] == 0.9
+    # a singleton more than tol away splits them too
+    got = behaviour_classes(sorted(singletons), ["B", "C"], [sk], singletons | {"Y": 0.52},
+                            meas, cfg)
+    assert got.of("Y") == "Y"
+
+
+def test_behaviour_class_members_behave_like_their_representative(built, machine) -> None:
+    """On the exact machine: forms were grouped (fewer LPs and refinement kernels) and each
+    member runs exactly like its representative beside every other form."""
+    model, stats, _, _ = built
+    classes = model.provenance["behaviour_classes"]
+    assert classes and stats["n_behaviour_reps"] < len(machine.forms)
+    for rep, members in classes.items():
+        assert rep in members
+        for m in members:
+            assert model.rho[m] == model.rho[rep]
+            for g in machine.forms[::7]:
+                if g in (m, rep):
+                    continue
+                assert machine.exact({m: 2, g: 1}) == pytest.approx(
+                    machine.exact({rep: 2, g: 1}), rel=1e-12)

@@ -328,7 +328,9 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"{stats.get('n_pair_forms')})",
              f"- resources: {stats.get('n_resources')} ({stats.get('n_core_resources')} from "
              f"the core mapping), basic instructions: {stats.get('n_basic')}, classes: "
-             f"{stats.get('n_classes')}",
+             f"{stats.get('n_classes')}; forms fitted on their own: "
+             f"{stats.get('n_behaviour_reps')} (the others behave like one of them against "
+             "every saturating kernel and take its uses)",
              f"- kernels: {stats.get('total_kernels')} in total; measured by the Palmed jobs "
              f"themselves when they last ran: {stats.get('measured_by_job')} (the pairs and "
              "mapping kernels are measured by the palmed_measure batch jobs, "

@@ -42,7 +42,12 @@ Stages (and why)
    every measured kernel (singletons, pairs, mixes); a kernel the model under-predicts reveals a
    resource that no basic kernel saturates (e.g. a port only some non-basic forms use): it
    becomes a new resource, all forms are measured against its saturating kernel (``|forms|``
-   x ``len(betas)`` kernels) and refitted. At most ``max_refine`` rounds. Noisy measurements
+   x ``len(betas)`` kernels) and refitted. At most ``max_refine`` rounds. Forms that behave
+   alike (``classes``: same singleton and same mixes with every saturating kernel, within
+   ``tol``) share their representative's LP and its refinement kernels; each other member
+   meets each refinement resource at the lightest proportion only (its use of it), which
+   splits it off if it differs. 12-port/1,000-form exact machine: 95 -> 70 kernels per form,
+   649 -> 137 s, still exact. Noisy measurements
    end with one joint LP over every form's uses and every measured kernel (``_polish``): the
    per-form LPs see each other's errors only through fixed uses.
    Exact measurements (``tol < NOISY_TOL``): the per-form LPs run Gauss-Seidel (each sees the

@@ -239,7 +239,7 @@ class Build:
             if step.done:
                 break
             self.run("refine", step.need, measure, log)
-        rho_idx, defining, saturating = step.result
+        rho_idx, defining, saturating, behaviour = step.result
         self.lp["remaining"] = {"solves": st.solves, "seconds": st.seconds}
         self._finish("remaining", t0)
 
@@ -256,6 +256,8 @@ class Build:
                 "classes": {rep: members for rep, members in sorted(basic.classes.items())
                             if len(members) > 1},
                 "n_classes": len(basic.classes),
+                # forms alike against every core resource: one fitted, the others verified
+                "behaviour_classes": dict(sorted(behaviour.items())),
                 "resources": {n: {"defining": _text(d), "saturating": _text(s),
                                   "stage": "core" if i < core.n_resources else "refine"}
                               for i, (n, d, s) in enumerate(zip(names, defining, saturating,
@@ -274,7 +276,9 @@ class Build:
                  "n_pair_forms": len(self.candidates), "lp": dict(self.lp),
                  "wall_seconds": dict(self.wall), "n_resources": len(names),
                  "n_core_resources": core.n_resources, "n_basic": len(basic.basic),
-                 "n_classes": len(basic.classes)}
+                 "n_classes": len(basic.classes),
+                 "n_behaviour_reps": len(self.forms) - sum(len(m) - 1
+                                                            for m in behaviour.values())}
         return model, stats
 
     # ------------------------------------------------------------------ state file

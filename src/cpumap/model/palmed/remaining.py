@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from cpumap.measure.asmgen import parse_canonical
+from cpumap.model.palmed.classes import behaviour_classes, substituted
 from cpumap.model.palmed.config import (
     NOISY_TOL,
     REFINE_GAIN,
@@ -24,7 +25,14 @@ from cpumap.model.palmed.config import (
 )
 from cpumap.model.palmed.core import Core, Step, _sat_est, _source_time
 from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
-from cpumap.model.palmed.kernels import _reduce, _text, _usable, interacting_pairs, pair_kernel
+from cpumap.model.palmed.kernels import (
+    _reduce,
+    _text,
+    _usable,
+    interacting_pairs,
+    mix,
+    pair_kernel,
+)
 from cpumap.model.palmed.lp import _LPStats, _predict
 from cpumap.model.palmed.refit import _explained, _misfit, _polish
 
@@ -38,10 +46,58 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     """Stage 7: the uses of every form, then refinement with the resources the core missed.
 
     ``state`` lists the refinement resources found so far as (defining kernel, construction
-    time, round). Returns a Step whose ``need`` lists mapping kernels to measure (new
-    resources: one measurement round per refinement round), or ``done`` with
-    ``result = (rho, defining, saturating)``: rho maps form -> resource index -> use.
+    time, round). Returns a Step whose ``need`` lists kernels to measure (mapping kernels of
+    new resources: one or two measurement rounds per refinement round), or ``done`` with
+    ``result = (rho, defining, saturating, behaviour)``: rho maps form -> resource index ->
+    use, behaviour maps each representative of a class of several forms to its members.
+
+    Every form meets each refinement resource at the lightest proportion; only the
+    representatives of the behaviour classes (``classes.behaviour_classes``, recomputed on
+    every call as those mixes come in) get the lighter proportions and an LP of their own, and
+    the other members take their representative's uses.
     """
+    cfg = config or PalmedConfig()
+    forms = sorted(set(forms))
+    target = cfg.sat_factor * max(singletons[b] for b in core.basic)
+    core_sat = [_sat_est(d, t, target, cfg.max_kernel)
+                for d, t in zip(core.defining, core.t_defining, strict=True)]
+
+    def sat_of(st: Sequence[tuple[Mapping[str, int], float, int]]) -> list:
+        return core_sat + [_sat_est(dict(d), float(t), target, cfg.max_kernel)
+                           for d, t, _ in st]
+
+    saturating = sat_of(state)
+    # every form meets every refinement resource at the lightest proportion, where that
+    # resource stays the bottleneck and the rise over SK alone is the form's use of it: what
+    # tells the forms of a class apart where the core's resources could not (the balanced
+    # proportion did not: a form with μops on ALU ports 0-2 and 0-3 measured as one with two
+    # on 0-3, its bottleneck moved to the wider resource)
+    light = sorted({_text(k) for f in forms for sk, t in saturating[core.n_resources:]
+                    for k in mix(dict(sk), t, f, singletons[f], cfg.betas[-1],
+                                 cfg.max_kernel)} - set(meas))
+    if light:
+        return Step(need=light, state=list(state))
+    behaviour = behaviour_classes(forms, core.basic, saturating, singletons, meas, cfg,
+                                  full=core.n_resources)
+    step = _fit_reps(core, behaviour.reps, singletons, substituted(meas, behaviour),
+                     state=state, classes=classes, config=cfg, log=log, lp_stats=lp_stats)
+    if step.need:
+        return step
+    rho, defining, saturating_out = step.result
+    rho = {f: dict(rho.get(behaviour.of(f), {})) for f in forms}
+    log(f"classes: {len(behaviour.members)} behaviour classes of {len(forms)} forms")
+    return Step(need=[], result=(rho, defining, saturating_out,
+                                 {r: m for r, m in behaviour.members.items() if len(m) > 1}),
+                state=step.state)
+
+
+def _fit_reps(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
+              meas: Measurements, *,
+              state: Sequence[tuple[Mapping[str, int], float, int]] = (),
+              classes: Mapping[str, Sequence[str]] | None = None,
+              config: PalmedConfig | None = None, log: Log = _nolog,
+              lp_stats: _LPStats | None = None) -> Step:
+    """``fit_remaining`` for forms that each stand for themselves (the representatives)."""
     cfg = config or PalmedConfig()
     stats = lp_stats or _LPStats()
     forms = sorted(set(forms))
