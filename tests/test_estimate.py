@@ -198,3 +198,48 @@ def test_palmed_leaves_out_uncertain_kernels_but_not_singletons(tmp_path):
     known = m.known()
     assert known == {"A": pytest.approx(1.0, rel=0.004), "C": pytest.approx(2.0, rel=0.004)}
     assert m.too_uncertain == {"A B"}
+
+
+def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path):
+    """The Measurer reads a database one part at a time (aggregate_db): the table is the one
+    aggregating every row at once gives, for a kernel measured in two parts (its rows pooled),
+    kernels of one part, a failed kernel (tried, not estimated), calibration samples (the
+    batches' shared clock ratio), and rows of another machine or harness left out."""
+    from test_db import PARAMS, make_rows
+
+    from cpumap.measure.backend import aggregate_db
+    from cpumap.store import db
+
+    def calibrated(rows: pd.DataFrame, ratio: float) -> pd.DataFrame:
+        rows = rows.copy()
+        every = rows.index % 4 == 0
+        rows["cal_adds"] = np.where(every, 50_000.0, np.nan)
+        rows["cal1"] = np.where(every, np.round(50_000 / ratio) + 13 * (rows.index % 3), np.nan)
+        rows["cal2"] = np.where(every, np.round(100_000 / ratio) + 7 * (rows.index % 5),
+                                np.nan)
+        return rows
+
+    parts = {
+        "b0": calibrated(pd.concat([noisy_rows(1.0, 24, 0.3, seed=1, batch="b0"),
+                                    noisy_rows(0.5, 24, 0.5, seed=2, batch="b0",
+                                               kernel="B")], ignore_index=True), 1.42),
+        "b1": calibrated(pd.concat([noisy_rows(1.0, 24, 0.6, seed=3, batch="b1"),
+                                    make_rows("b1", {"F": [1.0]}, status="failed")],
+                                   ignore_index=True), 1.425),
+        "b2": calibrated(noisy_rows(2.0, 16, 0.0, seed=4, batch="b2", kernel="C"), 1.43),
+        "b3": noisy_rows(3.0, 16, 0.0, seed=5, batch="b3", kernel="D").assign(
+            harness_version="2"),
+        "b4": noisy_rows(3.0, 16, 0.0, seed=6, batch="b4", kernel="E").assign(
+            machine_id="amd-other-f19-m11-00000000"),
+    }
+    for b, rows in parts.items():
+        db.append(tmp_path, rows, b)
+    machine, pid = parts["b0"].machine_id[0], db.params_id(PARAMS)
+    agg, tried = aggregate_db(tmp_path, machine, pid, "1", estimate.STABLE_TOL)
+    every = pd.concat([parts[b] for b in ("b0", "b1", "b2")], ignore_index=True)
+    whole = estimate.aggregate(db.conform(every), estimate.STABLE_TOL)
+    assert estimate.batch_ratios(db.conform(every))  # the calibration samples were used
+    pd.testing.assert_frame_equal(
+        agg.sort_values("kernel").reset_index(drop=True),
+        whole.sort_values("kernel").reset_index(drop=True), check_dtype=False)
+    assert sorted(agg.kernel) == ["A", "B", "C"] and tried == {"A", "B", "C", "F"}

@@ -12,14 +12,13 @@ from cpumap.store.files import redirect_output
 redirect_output(snakemake.log[0])
 
 from cpumap.evaluate import noise
-from cpumap.measure.estimate import monitor_table
+from cpumap.measure.backend import monitor_db
 from cpumap.measure.settings import BenchSettings
-from cpumap.store import db
 from cpumap.store.files import write_json_atomic, write_text_atomic, write_tsv_atomic
 
 bench = BenchSettings.from_mapping(snakemake.params.bench)
 mid = Path(snakemake.output.table).parents[1].name
-table = monitor_table(db.load(snakemake.params.db_dir, machine_id=mid), bench.stable_tol)
+table = monitor_db(Path(snakemake.params.db_dir), mid, bench.stable_tol)
 write_tsv_atomic(table, snakemake.output.table)
 summary = noise.summary(table)
 write_json_atomic(summary, snakemake.output.summary)

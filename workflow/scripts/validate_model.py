@@ -15,9 +15,9 @@ redirect_output(snakemake.log[0])
 from model_common import measurer_and_config
 
 from cpumap.evaluate import noise
-from cpumap.measure.estimate import monitor_table
+from cpumap.measure.backend import monitor_db
 from cpumap.model import jobs, resmodel
-from cpumap.store import db, files
+from cpumap.store import files
 
 measurer, _cfg, machine = measurer_and_config(snakemake)
 # the held-out kernels are all checked, however certain their measurement (the report gives
@@ -35,7 +35,7 @@ with open(snakemake.input.stats, encoding="utf-8") as handle:
 files.write_tsv_atomic(table, snakemake.output.table)
 files.write_json_atomic(metrics, snakemake.output.metrics)
 # how quiet the host was while the model's kernels were measured (the monitor of each batch)
-monitor = monitor_table(db.load(measurer.db_dir, machine_id=machine["machine_id"]))
+monitor = monitor_db(measurer.db_dir, machine["machine_id"], measurer.bench.stable_tol)
 report = jobs.validation_report(metrics, stats, machine["machine_id"], count,
                                 noise.summary_line(noise.summary(monitor)), model=model)
 files.write_text_atomic(report, snakemake.output.report)

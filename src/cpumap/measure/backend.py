@@ -104,6 +104,63 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                                   batch_id, progress=progress, skip=skip)
 
 
+#: The columns the calibration of a batch needs (estimate.batch_ratios), read in a first pass.
+_CAL_COLUMNS = ["machine_id", "batch_id", "params_id", "harness_version", "kernel", "cal1",
+                "cal2", "cal_adds"]
+
+
+def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version: str,
+                 stable_tol: float) -> tuple[pd.DataFrame, set[str]]:
+    """``estimate.aggregate`` of a database's rows of one machine, parameter set and harness,
+    and every kernel text with a row (failed ones too), reading one part at a time.
+
+    The same table as aggregating all rows at once (each kernel's estimate depends only on its
+    own rows and its batch's clock ratio), in the memory of the largest part: all rows at once
+    took 2.7 GB for the 1.25 million rows of a default run, tens of GB for a full profile.
+    First pass: the calibration samples (every 16th row or so) and which parts hold which
+    kernels; second pass: each part's kernels found in no other part aggregated alone, the
+    rest together at the end.
+    """
+    key = {"machine_id": machine_id, "params_id": params_id,
+           "harness_version": harness_version}
+    cal_rows: list[pd.DataFrame] = []
+    seen: dict[str, int] = {}
+    for _, part in db.iter_parts(db_dir, _CAL_COLUMNS, **key):
+        cal_rows.append(part[part.cal1.notna()])
+        for k in part.kernel.astype(str).unique():
+            seen[k] = seen.get(k, 0) + 1
+    ratios = estimate.batch_ratios(pd.concat(cal_rows)) if cal_rows else {}
+    shared = {k for k, n in seen.items() if n > 1}
+    out: list[pd.DataFrame] = []
+    later: list[pd.DataFrame] = []
+    for _, part in db.iter_parts(db_dir, None, **key):
+        several = part.kernel.isin(shared)
+        if several.any():
+            later.append(part[several])
+        if not several.all():
+            out.append(estimate.aggregate(part[~several], stable_tol, ratios))
+    if later:
+        out.append(estimate.aggregate(pd.concat(later), stable_tol, ratios))
+    out = [a for a in out if len(a)]
+    agg = pd.concat(out, ignore_index=True) if out else estimate.aggregate(
+        db.empty_frame(), stable_tol, ratios)
+    return agg, set(seen)
+
+
+def monitor_db(db_dir: Path, machine_id: str, stable_tol: float) -> pd.DataFrame:
+    """``estimate.monitor_table`` of a database's rows of one machine, one part at a time:
+    the monitor's rows and the calibration samples are all it keeps."""
+    mon: list[pd.DataFrame] = []
+    cal: list[pd.DataFrame] = []
+    for _, part in db.iter_parts(db_dir, None, machine_id=machine_id):
+        mon.append(part[part.role == "monitor"])
+        cal.append(part.loc[part.cal1.notna(), _CAL_COLUMNS])
+    if not mon:
+        return estimate.monitor_table(db.empty_frame(), stable_tol)
+    return estimate.monitor_table(pd.concat(mon), stable_tol,
+                                  estimate.batch_ratios(pd.concat(cal)))
+
+
 class Measurer:
     """Cycles per instance of kernels for one machine, from the DB or measured now.
 
@@ -152,11 +209,8 @@ class Measurer:
         """Estimated cycles per instance (cpumap.measure.estimate) of every usable kernel in the
         DB for this machine/params."""
         if self._known is None:
-            rows = db.load(self.db_dir, machine_id=self.machine_id)
-            rows = rows[(rows.params_id == self.params_id)
-                        & (rows.harness_version == self.version)]
-            agg = estimate.aggregate(rows, self.bench.stable_tol)
-            self._tried = set(rows.kernel.astype(str))
+            agg, self._tried = aggregate_db(self.db_dir, self.machine_id, self.params_id,
+                                            self.version, self.bench.stable_tol)
             self._known = {} if self.remeasure and self.allow_measure else self._usable(agg)
         return self._known
 

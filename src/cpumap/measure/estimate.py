@@ -301,15 +301,17 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     return out.loc[:, AGG_COLUMNS]
 
 
-def monitor_table(df: pd.DataFrame, stable_tol: float = STABLE_TOL) -> pd.DataFrame:
+def monitor_table(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
+                  ratios: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
     """The noise monitor of every batch (rows with role ``monitor``): when it ran, its estimate,
     its median repetition and ``noise`` = median / estimate - 1 (0: a quiet host; 0.5: the
-    typical call ran 50 % slow), ordered by time."""
+    typical call ran 50 % slow), ordered by time. ``ratios`` (:func:`batch_ratios` of all
+    the batches' rows) may be given when ``df`` holds only the monitor's rows."""
     cols = ["timestamp", "batch_id", "kernel", "reps", "cycles_per_instance_est",
             "rel_uncertainty", "unstable", "cycles_per_instance_median", "noise"]
     if "role" not in df or not (df["role"] == "monitor").any():
         return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
-    ratios = batch_ratios(df)
+    ratios = batch_ratios(df) if ratios is None else ratios
     mon = df[df["role"] == "monitor"].copy()
     mon["role"] = "kernel"
     out = []
