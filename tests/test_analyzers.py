@@ -165,6 +165,16 @@ def test_model_analyzer(inputs):
     assert res[("fix.O2", 1)].error == "form(s) not in the model: CMP_R64_R64"
     assert res[("fix.O2", 2)].cycles == 0.0
     assert res[("odd.O2", 0)].error == "no catalogue form for: rep stos %al, (%rdi)"
+    # a form the catalogue excludes is left out with a note; one it measures is a hole
+    forms = pd.DataFrame({"name": ["CMP_R64_R64", "XOR_R32_R32"], "status": ["excluded", "ok"],
+                          "reason": ["a test's reason", ""]})
+    model.provenance["approximate"] = {"TEST_R64_R64": "a dependence chain"}
+    res = A.ModelAnalyzer(model, forms).predict(inputs)
+    assert res[("fix.O2", 1)].status == "ok" and res[("fix.O2", 1)].cycles == 1.0
+    assert res[("fix.O2", 1)].error.startswith(
+        "approximate: CMP_R64_R64 left out (excluded: a test's reason)")
+    assert res[("fix.O2", 0)].cycles == 0.5
+    assert res[("fix.O2", 0)].error == "approximate: TEST_R64_R64 approximate (a dependence chain)"
 
 
 class FakeMeasurer:

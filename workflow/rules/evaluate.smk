@@ -44,6 +44,7 @@ rule eval_predict_model:
     input:
         blocks=eval_benchmark_files(EVAL_BLOCKS),
         model=MODEL_JSON,
+        forms=FORMS,
     output:
         predictions=eval_benchmark_files(EVAL_PRED),
         meta=EVAL_PRED_META,

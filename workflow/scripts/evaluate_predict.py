@@ -37,7 +37,8 @@ elif name == "osaca":
     analyzer = A.Osaca(o["arch"], timeout_s=o["timeout_s"], batch_size=o["batch_size"],
                        ignore_unknown=o["ignore_unknown"])
 elif name == "model":
-    analyzer = A.ModelAnalyzer(resmodel.load(snakemake.input.model))
+    analyzer = A.ModelAnalyzer(resmodel.load(snakemake.input.model),
+                               files.read_parquet_checked(snakemake.input.forms))
 elif name == "native":
     from cpumap.measure.backend import Measurer
     from cpumap.measure.settings import BenchSettings

@@ -2,8 +2,9 @@
 
 Both see a block as the multiset of the catalogue forms of its instructions (terminator dropped
 as for every analyzer): order and dependences are ignored, as Palmed and Pipedream define a
-kernel. An instruction without a catalogue form, or a form the model lacks or the catalogue
-excludes, makes the block fail with that reason, named.
+kernel. An instruction without a catalogue form, or a form the model lacks, makes the block
+fail with that reason, named; a form the catalogue excludes (it cannot be measured here) is
+left out of the model's prediction with a note (the native measurement fails on it).
 """
 
 from __future__ import annotations
@@ -29,12 +30,25 @@ def multiset(block: BlockInput) -> tuple[dict[str, int], str]:
 
 
 class ModelAnalyzer:
-    """Predictions of a resource model (model.json): max over resources of the summed uses."""
+    """Predictions of a resource model (model.json): max over resources of the summed uses.
+
+    A block holding a form the catalogue excludes (one that cannot be measured here: CPUID, a
+    VM exit; x87 forms; POPF...; ``forms`` gives the catalogue's statuses and reasons) is still
+    predicted, from its other instructions, and the prediction carries a note naming what was
+    left out and why (a lower bound: those instructions cost something). A block holding a
+    form the catalogue measures but this model lacks fails: that is a hole of the model, not
+    of the machine. Forms the model holds approximately (dependence chains) are noted too.
+    """
 
     name = "model"
 
-    def __init__(self, model: resmodel.ResourceModel):
+    def __init__(self, model: resmodel.ResourceModel, forms: pd.DataFrame | None = None):
         self.model = model
+        self.excluded: dict[str, str] = {}
+        if forms is not None:
+            bad = forms[forms["status"] != "ok"]
+            self.excluded = {str(n): str(r or s) for n, s, r in
+                             zip(bad["name"], bad["status"], bad["reason"], strict=True)}
 
     def describe(self) -> str:
         return (f"cpumap resource model ({len(self.model.resources)} resources, "
@@ -49,11 +63,17 @@ class ModelAnalyzer:
                 out[b.key] = failed(err)
                 continue
             lacking = sorted(f for f in k if f not in self.model.rho)
-            if lacking:
-                out[b.key] = failed("form(s) not in the model: " + ", ".join(lacking))
+            holes = [f for f in lacking if f not in self.excluded]
+            if holes or (lacking and len(lacking) == len(k)):
+                out[b.key] = failed("form(s) not in the model: " + ", ".join(holes or lacking))
                 continue
-            cycles, _ = resmodel.predict(self.model, k) if k else (0.0, None)
-            out[b.key] = Result(cycles=float(cycles), seconds=time.monotonic() - t0)
+            notes = [f"{f} left out (excluded: {self.excluded[f]})" for f in lacking]
+            notes += [f"{f} approximate ({self.model.approximate[f]})"
+                      for f in sorted(k) if f in self.model.approximate]
+            kept = {f: n for f, n in k.items() if f in self.model.rho}
+            cycles, _ = resmodel.predict(self.model, kept) if kept else (0.0, None)
+            out[b.key] = Result(cycles=float(cycles), seconds=time.monotonic() - t0,
+                                error=("approximate: " + "; ".join(notes)) if notes else "")
         return out
 
 
