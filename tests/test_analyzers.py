@@ -141,7 +141,7 @@ def test_osaca_worker_crash_and_hang_blame_the_block_in_flight(tmp_path):
     fake = tmp_path / "fake_osaca.py"
     fake.write_text(FAKE_OSACA)
     blocks = _blocks(["a"], ["CRASH"], ["b", "c"], ["HANG"], ["d", "e", "f"])
-    osaca = A.Osaca(command=[sys.executable, str(fake)], timeout_s=0.5, startup_s=1.0)
+    osaca = A.Osaca("ZEN4", command=[sys.executable, str(fake)], timeout_s=0.5, startup_s=1.0)
     res = osaca.predict(blocks)
     assert {k[1]: r.cycles for k, r in res.items() if r.status == "ok"} == {0: 1.0, 2: 2.0,
                                                                             4: 3.0}
@@ -205,3 +205,49 @@ def test_predictions_frame_columns(inputs):
     assert list(df.columns) == A.PREDICTION_COLUMNS
     assert df.status.tolist() == ["ok", "failed"]
     assert df.cycles.iloc[0] == 1.5 and math.isnan(df.cycles.iloc[1])
+
+
+def test_analyzer_targets_follow_the_host():
+    """auto: llvm-mca's -mcpu and OSACA's --arch from the machine description (fixtures of a
+    Zen 3 and a Zen 4 guest, whichever host runs the test); an explicit value wins; a host
+    neither knows gets the documented fallback with a warning that names it."""
+    from cpumap.evaluate.analyzers import targets as T
+    zen3 = {"machine_id": "amd-zen3-f19-m1-x", "vendor": "amd", "uarch": {"name": "zen3"}}
+    zen4 = {"machine_id": "amd-zen4-f19-m11-x", "vendor": "amd", "uarch": {"name": "zen4"}}
+    odd = {"machine_id": "intel-x-f6-m99-x", "vendor": "intel", "uarch": {"name": None}}
+    assert T.llvm_mca_cpu("auto", zen3) == T.Target("znver3", "host")
+    assert T.llvm_mca_cpu("auto", zen4) == T.Target("znver4", "host")
+    assert T.osaca_arch("auto", zen3) == T.Target("ZEN3", "host")
+    assert T.osaca_arch("auto", zen4) == T.Target("ZEN4", "host")
+    assert T.llvm_mca_cpu("znver2", zen4) == T.Target("znver2", "config")
+    assert T.osaca_arch("SKX", zen3) == T.Target("SKX", "config")
+    fb = T.llvm_mca_cpu("auto", odd)
+    assert fb.value == "native" and fb.how == "fallback" and "intel-x-f6-m99-x" in fb.warning
+    fb = T.osaca_arch("auto", odd)
+    assert fb.value == "SPR" and fb.how == "fallback" and "evaluate.osaca.arch" in fb.warning
+    # every OSACA target it picks has a machine file in the installed OSACA
+    import osaca
+    data = Path(osaca.__file__).parent / "data"
+    for arch in {*T.OSACA_ARCH.values(), *T.OSACA_FALLBACK.values()}:
+        assert (data / f"{arch.lower()}.yml").is_file(), arch
+
+
+def test_host_microarchitecture_has_targets():
+    """The machine this test runs on is one the tools know (Zen 3 or Zen 4 here): auto never
+    falls back on the reference hosts."""
+    from cpumap.evaluate.analyzers import targets as T
+    from cpumap.host import machine as M
+    desc = M.describe()
+    assert T.llvm_mca_cpu("auto", desc).how == "host", desc.get("uarch")
+    assert T.osaca_arch("auto", desc).how == "host", desc.get("uarch")
+
+
+def test_report_names_each_external_analyzers_target():
+    from cpumap.evaluate import lift
+    from cpumap.evaluate.report import _target_note
+    metas = {"llvm-mca": {"description": "d", "blocks": 3, "failed_blocks": 0, "seconds": 1.0,
+                          "target": {"value": "znver3", "how": "host", "warning": ""}}}
+    status = lift.analyzer_status(["llvm-mca"], metas, model_enabled=True)
+    assert status["llvm-mca"]["target"]["value"] == "znver3"
+    assert _target_note(status["llvm-mca"]["target"]) == ", target znver3 (the host's)"
+    assert _target_note(None) == ""

@@ -24,6 +24,7 @@ rule eval_suite_forms:
 rule eval_predict_tool:
     input:
         blocks=eval_benchmark_files(EVAL_BLOCKS),
+        machine=MACHINE_JSON,
     output:
         predictions=eval_benchmark_files(EVAL_PRED),
         meta=EVAL_PRED_META,

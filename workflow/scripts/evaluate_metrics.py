@@ -45,7 +45,7 @@ if "osaca" in metas and cfg["osaca"]["ignore_unknown"]:
                             ignore_index=True)
     derived["osaca" + lift.STRICT_SUFFIX] = (
         "the osaca run above without --ignore-unknown: a block with an instruction lacking "
-        f"{cfg['osaca']['arch']} data fails")
+        f"{metas['osaca'].get('target', {}).get('value', cfg['osaca']['arch'])} data fails")
 status = lift.analyzer_status(cfg["analyzers"], metas, snakemake.params.model_enabled,
                                   derived)
 lifted = lift.lift(blocks, counts, predictions)

@@ -19,6 +19,7 @@ redirect_output(snakemake.log[0])
 import pandas as pd
 
 from cpumap.evaluate import analyzers as A
+from cpumap.evaluate.analyzers import targets
 from cpumap.model import resmodel
 from cpumap.store import files
 
@@ -28,14 +29,24 @@ tables = [files.read_parquet_checked(p) for p in snakemake.input.blocks]
 blocks = A.block_inputs(pd.concat(tables, ignore_index=True), cfg["drop_terminator"])
 print(f"{name}: {len(blocks)} blocks of {len(tables)} benchmarks", flush=True)
 
+target = None
+if name in ("llvm-mca", "osaca"):
+    with open(snakemake.input.machine, encoding="utf-8") as handle:
+        host = json.load(handle)
 if name == "llvm-mca":
     m = cfg["llvm_mca"]
-    analyzer = A.LlvmMca(m["command"], m["cpu"], m["iterations"], m["timeout_s"],
+    target = targets.llvm_mca_cpu(m["cpu"], host)
+    analyzer = A.LlvmMca(m["command"], target.value, m["iterations"], m["timeout_s"],
                          m["batch_size"])
 elif name == "osaca":
     o = cfg["osaca"]
-    analyzer = A.Osaca(o["arch"], timeout_s=o["timeout_s"], batch_size=o["batch_size"],
+    target = targets.osaca_arch(o["arch"], host)
+    analyzer = A.Osaca(target.value, timeout_s=o["timeout_s"], batch_size=o["batch_size"],
                        ignore_unknown=o["ignore_unknown"])
+if target is not None:
+    print(f"{name}: target {target.value} ({target.describe()})", flush=True)
+    if target.warning:
+        print(f"WARNING: {target.warning}", file=sys.stderr, flush=True)
 elif name == "model":
     analyzer = A.ModelAnalyzer(resmodel.load(snakemake.input.model),
                                files.read_parquet_checked(snakemake.input.forms))
@@ -75,6 +86,8 @@ meta = {"analyzer": name, "description": analyzer.describe(), "blocks": int(len(
         "errors": failed.error.value_counts().head(20).to_dict(),
         "ok_with_notes": int(len(noted)),
         "notes": noted.error.value_counts().head(20).to_dict()}
+if target is not None:
+    meta["target"] = {"value": target.value, "how": target.how, "warning": target.warning}
 if hasattr(analyzer, "stats"):
     meta["calls"] = analyzer.stats.calls
     meta["failed_calls"] = analyzer.stats.failed_calls

@@ -198,6 +198,8 @@ def analyzer_status(configured: list[str], metas: Mapping[str, Mapping],
             out[a] = {"status": "ran", "description": m.get("description", ""),
                       "blocks": m.get("blocks"), "failed_blocks": m.get("failed_blocks"),
                       "seconds": m.get("seconds")}
+            if m.get("target"):  # llvm-mca's -mcpu, OSACA's --arch, and how it was chosen
+                out[a]["target"] = dict(m["target"])
             for d, desc in (derived or {}).items():
                 if d.startswith(a + "-"):
                     out[d] = {"status": "ran", "description": desc}

@@ -131,6 +131,15 @@ def scatter_plot(kernels: pd.DataFrame, analyzer: str) -> str:
                        f"{analyzer} scatter plot")
 
 
+def _target_note(target: Mapping | None) -> str:
+    """", target znver4 (the host's)": the machine model an external analyzer simulated."""
+    if not target:
+        return ""
+    how = {"host": "the host's", "config": "from the config",
+           "fallback": "fallback: no model of this host"}.get(target.get("how", ""), "")
+    return f", target {target.get('value', '?')}" + (f" ({how})" if how else "")
+
+
 def _metrics_section(metrics: pd.DataFrame, analyzers: Mapping[str, Mapping]) -> Section:
     head = ("<tr><th>analyzer</th><th>flag set</th><th>status</th><th>kernels eligible</th>"
             "<th>kernels predicted</th><th>coverage</th><th>RMS rel. error of IPC</th>"
@@ -148,7 +157,7 @@ def _metrics_section(metrics: pd.DataFrame, analyzers: Mapping[str, Mapping]) ->
             sub = r.flagset != "all"
             cls = ' class="sub"' if sub else ""
             first = "" if sub else esc(name)
-            st = "" if sub else "ran"
+            st = "" if sub else "ran" + _target_note(info.get("target"))
             rows.append(
                 f"<tr{cls}><td>{first}</td><td>{esc(r.flagset)}</td><td>{st}</td>"
                 f'<td class="num">{r.eligible}</td><td class="num">{r.predicted}</td>'

@@ -46,11 +46,12 @@ def region_source(blocks: list[BlockInput]) -> tuple[str, dict[int, tuple[str, i
 
 
 class LlvmMca:
-    """Runs ``command`` (llvm-mca-19 by default) with ``-mcpu=<cpu>``."""
+    """Runs ``command`` (llvm-mca-19 by default) with ``-mcpu=<cpu>`` (by default ``native``,
+    LLVM's host detection; the pipeline passes the host's own, ``targets.llvm_mca_cpu``)."""
 
     name = NAME
 
-    def __init__(self, command: str | list[str] = "llvm-mca-19", cpu: str = "znver4",
+    def __init__(self, command: str | list[str] = "llvm-mca-19", cpu: str = "native",
                  iterations: int = 100, timeout_s: float = 60.0, batch_size: int = 500):
         self.command = [command] if isinstance(command, str) else list(command)
         self.cpu, self.iterations = cpu, int(iterations)

@@ -1,4 +1,4 @@
-"""OSACA (static port-model analyzer, arch ZEN4: the closest it has to this Zen 4 host).
+"""OSACA (static port-model analyzer; its machine model follows the host, ``targets``).
 
 Blocks go in batches to :mod:`cpumap.evaluate.analyzers.osaca_worker` (one Python process loads
 OSACA's machine model once and analyses many blocks); the worker streams one result line per
@@ -32,7 +32,7 @@ NAME = "osaca"
 class Osaca:
     name = NAME
 
-    def __init__(self, arch: str = "ZEN4", command: list[str] | None = None,
+    def __init__(self, arch: str, command: list[str] | None = None,
                  timeout_s: float = 30.0, startup_s: float = 30.0, batch_size: int = 200,
                  ignore_unknown: bool = False):
         self.arch, self.ignore_unknown = arch, bool(ignore_unknown)

@@ -46,7 +46,7 @@ def analyse(insns: list[str], arch: str, parser, model,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", default="ZEN4")
+    ap.add_argument("--arch", required=True, help="OSACA machine model, e.g. ZEN3, ZEN4")
     ap.add_argument("--ignore-unknown", action="store_true")
     args = ap.parse_args(argv)
     from osaca.osaca import get_asm_parser
