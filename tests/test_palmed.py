@@ -276,3 +276,30 @@ def test_behaviour_class_members_behave_like_their_representative(built, machine
                     continue
                 assert machine.exact({m: 2, g: 1}) == pytest.approx(
                     machine.exact({rep: 2, g: 1}), rel=1e-12)
+
+
+def test_parallel_per_form_lps_give_the_same_model(tmp_path, monkeypatch) -> None:
+    """Noisy fitting passes solve their per-form LPs in worker processes: each sees the
+    previous pass's uses, so the model is the same byte for byte as in one process."""
+    from cpumap.model.palmed import forms as F
+    path = tmp_path / "synthetic-6p-40f.json"
+    path.write_text(json.dumps(synthetic_mapping(6, 40, seed=3)))
+    sim = SimulatedMachine(path, noise=0.02, seed=3)
+    cfg = palmed.PalmedConfig(tol=0.07, seed=3)
+    monkeypatch.setattr(F, "_PARALLEL_MIN", 2)
+    forked: list[int] = []
+    solve = F._parallel_lps
+    monkeypatch.setattr(F, "_parallel_lps",
+                        lambda *a, **k: forked.append(len(a[0])) or solve(*a, **k))
+    models = []
+    for workers in (1, 2):
+        F.set_lp_workers(workers)
+        try:
+            model, stats = build_model(sim.forms, sim.measure, config=cfg)
+        finally:
+            F.set_lp_workers(1)
+        out = tmp_path / f"model-{workers}.json"
+        resmodel.save(model, out)
+        models.append(out.read_bytes())
+        assert stats["lp"]["remaining"]["solves"] > 0
+    assert models[0] == models[1] and forked  # the second build did fork

@@ -173,7 +173,7 @@ rule fit_model:
         machine=config["machine"],
         model=config["model"],
         workdir=f"{MDIR}/model/work/remaining",
-    threads: 1
+    threads: 2  # the per-form LPs of noisy fitting passes run in two processes
     resources:
         measure_slots=1,
     conda:

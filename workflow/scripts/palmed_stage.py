@@ -37,6 +37,9 @@ elif stage == "core":
 elif stage == "mapping":
     jobs.mapping_job(job, Path(inp.state), Path(out.state), Path(out.plan), batch_size)
 elif stage == "remaining":
+    from cpumap.model.palmed.forms import set_lp_workers
+
+    set_lp_workers(snakemake.threads)  # the per-form LPs of noisy fitting passes
     model, stats = jobs.fit_job(job, Path(inp.state))
     jobs.write_model(model, stats, Path(out.model), Path(out.table), Path(out.stats))
     print(f"{len(model.resources)} resources; kernels per stage {stats['kernels']}")

@@ -227,6 +227,53 @@ def _form_rows(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
     return rows, fixed
 
 
+#: Worker processes for the per-form LPs of a noisy fitting pass (``set_lp_workers``).
+_LP_WORKERS = 1
+#: Below this many forms a pass is solved in this process (forking costs more than it saves).
+_PARALLEL_MIN = 64
+#: What the forked workers read: the pass's LPs (set just before forking, cleared after).
+_PASS: dict = {}
+
+
+def set_lp_workers(n: int) -> None:
+    """Solve the per-form LPs of noisy fitting passes in ``n`` worker processes (the pipeline
+    gives the fit job its threads). Each LP of a pass sees the previous pass's uses (Jacobi),
+    so the order does not matter and the model is the same for every ``n``."""
+    global _LP_WORKERS
+    _LP_WORKERS = max(1, int(n))
+
+
+def _lp_chunk(chunk: list[str]) -> tuple[dict[str, dict[int, float]], int, float]:
+    p, st = _PASS, _LPStats()
+    out = {f: _form_lp(f, p["t"][f], p["rows"][f][0], p["rho"], p["n_res"], p["meas"],
+                       p["tol"], st) for f in chunk}
+    return out, st.solves, st.seconds
+
+
+def _parallel_lps(forms: Sequence[str], per_form: Mapping, singletons: Mapping[str, float],
+                  rho: Mapping[str, Mapping[int, float]], n_res: int, meas: Measurements,
+                  tol: float, stats: _LPStats) -> dict[str, dict[int, float]]:
+    """The per-form LPs of one Jacobi pass in ``_LP_WORKERS`` forked processes (they inherit
+    the pass's data instead of receiving it pickled)."""
+    import multiprocessing
+
+    global _PASS
+    _PASS = {"t": singletons, "rows": per_form, "rho": rho, "n_res": n_res, "meas": meas,
+             "tol": tol}
+    n_chunks = 4 * _LP_WORKERS
+    chunks = [list(forms[i::n_chunks]) for i in range(n_chunks)]
+    out: dict[str, dict[int, float]] = {}
+    try:
+        with multiprocessing.get_context("fork").Pool(_LP_WORKERS) as pool:
+            for part, solves, seconds in pool.map(_lp_chunk, chunks):
+                out.update(part)
+                stats.solves += solves
+                stats.seconds += seconds
+    finally:
+        _PASS = {}
+    return {f: out[f] for f in forms}
+
+
 def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
                meas: Measurements, saturating: Sequence[tuple[Mapping[str, int], float]],
                pair_index: Mapping[str, list[str]], cfg: PalmedConfig,
@@ -245,11 +292,16 @@ def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float]
         # fitting all forms against the previous pass (Jacobi) oscillated when resources were
         # new: a pass with no bounds from the other forms, then a pass crushed by them
         current = {f: dict(v) for f, v in rho.items()} if exact else rho
-        for f in forms:
-            rows, fixed = per_form[f]
-            new_rho[f] = _form_lp(f, singletons[f], rows, current, n_res, meas, cfg.tol, stats)
-            if exact:
-                current[f] = new_rho[f]
+        if not exact and _LP_WORKERS > 1 and len(forms) >= _PARALLEL_MIN:
+            new_rho = _parallel_lps(forms, per_form, singletons, current, n_res, meas,
+                                    cfg.tol, stats)
+        else:
+            for f in forms:
+                rows, fixed = per_form[f]
+                new_rho[f] = _form_lp(f, singletons[f], rows, current, n_res, meas, cfg.tol,
+                                      stats)
+                if exact:
+                    current[f] = new_rho[f]
         moved = max((abs(new_rho[f].get(r, 0.0) - rho.get(f, {}).get(r, 0.0))
                      for f in forms for r in range(n_res)), default=0.0)
         rho = new_rho
