@@ -1,6 +1,7 @@
 """Palmed on a simulated machine: kernels per stage, LP solve times, accuracy on held-out kernels.
 
 Usage: python benchmarks/palmed_sim.py [--ports 10] [--forms 300] [--noise 0.0] [--seed 0]
+                                     [--workers 1]
        python benchmarks/palmed_sim.py --matrix   # 8p/100f and 10p/300f, noise 0 and 2%
 
 Builds ``synthetic_mapping(n_ports, n_forms)``, runs ``palmed.build_model`` against the
@@ -23,6 +24,7 @@ from scipy.stats import kendalltau
 
 from cpumap.model import palmed, resmodel
 from cpumap.model.palmed.build import build_model
+from cpumap.model.palmed.forms import set_lp_workers
 from cpumap.model.portmap import synthetic_mapping
 from cpumap.model.simulate import SimulatedMachine
 
@@ -93,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tests", type=int, default=2000)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes for the per-form LPs of noisy fitting passes")
     ap.add_argument("--matrix", action="store_true",
                     help="8 ports/100 forms and 10 ports/300 forms, each without and with 2%% "
                     "noise")
     args = ap.parse_args(argv)
+    set_lp_workers(args.workers)
     if args.matrix:
         runs = [(8, 100, 0.0), (8, 100, 0.02), (10, 300, 0.0), (10, 300, 0.02)]
     else:
