@@ -63,3 +63,41 @@ def test_leave_is_predicted_as_its_parts_and_flagged():
     assert "MOV_R64_R64 + POP_R64" in model.approximate["LEAVE"]
     bare = resmodel.ResourceModel(resources=["alu"], rho={"MOV_R64_R64": {"alu": 0.25}})
     assert jobs.add_decomposed_forms(bare) == {} and "LEAVE" not in bare.rho
+
+
+def test_validation_measures_a_sample_again_for_the_run_to_run_floor():
+    """The first ``repeat`` held-out kernels are measured a second time; the report gives the
+    RMS relative IPC difference of the two measurements as the floor under the model's
+    error (a fake measurer: the second measurement is 2 % slower on every other kernel)."""
+    from cpumap.model import jobs, resmodel
+
+    model = resmodel.ResourceModel(resources=["P0", "P1"],
+                                   rho={"A": {"P0": 1.0}, "B": {"P1": 0.5}, "C": {"P0": 0.5}})
+
+    class Fake:
+        def __init__(self):
+            self.again_calls: list[list[str]] = []
+
+        def measure(self, kernels, stage):
+            return {k: resmodel.predict(model, _parse(k))[0] for k in kernels}
+
+        def again(self, kernels, stage):
+            self.again_calls.append(list(kernels))
+            first = self.measure(kernels, stage)
+            return {k: v * (1.02 if i % 2 else 1.0) for i, (k, v) in enumerate(first.items())}
+
+    def _parse(text):
+        from cpumap.measure.asmgen import parse_canonical
+        return parse_canonical(text)
+
+    fake = Fake()
+    table, metrics = jobs.run_validation(model, ["A", "B", "C"], fake, 6, seed=1, repeat=4)
+    assert fake.again_calls == [list(table.kernel[:4])]
+    floor = metrics["run_to_run"]
+    expect = math.sqrt((2 * (1 / 1.02 - 1) ** 2) / 4)
+    assert floor["kernels"] == 4 and math.isclose(floor["rms_rel_diff_ipc"], expect)
+    assert metrics["rms_rel_error_ipc"] == 0.0  # the model is the fake's truth
+    report = jobs.validation_report(metrics, {}, "m", 6)
+    assert "measured again in a batch of their own" in report
+    _, none = jobs.run_validation(model, ["A", "B", "C"], fake, 6, seed=1)
+    assert "run_to_run" not in none

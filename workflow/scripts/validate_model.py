@@ -29,7 +29,8 @@ model = resmodel.load(snakemake.input.model)
 forms = [f for f in model.forms if f not in model.approximate]
 count = int(snakemake.params.model["validation_kernels"])
 seed = int(snakemake.params.model["validation_seed"])
-table, metrics = jobs.run_validation(model, forms, measurer, count, seed)
+repeat = int(snakemake.params.model.get("validation_repeat", 0))
+table, metrics = jobs.run_validation(model, forms, measurer, count, seed, repeat)
 with open(snakemake.input.stats, encoding="utf-8") as handle:
     stats = json.load(handle)
 files.write_tsv_atomic(table, snakemake.output.table)

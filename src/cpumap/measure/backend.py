@@ -234,19 +234,39 @@ class Measurer:
                     + (" ..." if len(missing) > 20 else ""))
             todo = []
         if todo:
-            digest = hashlib.sha256("\n".join(todo).encode()).hexdigest()[:8]
-            batch_id = f"{stage}-{digest}"
             self.log(f"{stage}: measuring {len(todo)} kernels ({len(canon) - len(todo)} "
                      "already in the database)")
-            rows = batch_rows(todo, self.forms, self.machine, self.bench,
-                              self.workdir / batch_id, batch_id, harness_bin=self.harness_bin,
-                              sim=self.sim, progress=self.log)
-            if db.part_path(self.db_dir, batch_id).exists():
-                # same kernels measured by an interrupted earlier run: keep both, new name
-                batch_id = f"{batch_id}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"
-                rows["batch_id"] = batch_id
-            db.append(self.db_dir, rows, batch_id)
-            self.measured_now += len(todo)
+            rows = self._measure_new(todo, stage)
             self._tried |= set(todo)
             known.update(self._usable(estimate.aggregate(rows, self.bench.stable_tol)))
         return {k: known[k] for k in canon if k in known}
+
+    def again(self, kernels: list[str], stage: str) -> dict[str, float]:
+        """Cycles of each kernel measured anew, in a batch of its own, whatever the database
+        holds (the new rows are stored beside the old): a second measurement in the same run
+        gives the measurement's own run-to-run spread. Empty when measuring is off."""
+        if not self.allow_measure or not kernels:
+            return {}
+        canon = list(dict.fromkeys(asmgen.canonical(asmgen.parse_canonical(k))
+                                   for k in kernels))
+        self.log(f"{stage}: measuring {len(canon)} kernels again")
+        agg = estimate.aggregate(self._measure_new(canon, stage), self.bench.stable_tol)
+        ok = agg.cycles_per_instance_est > 0
+        return dict(zip(agg.kernel[ok], agg.cycles_per_instance_est[ok].astype(float),
+                        strict=True))
+
+    def _measure_new(self, todo: list[str], stage: str) -> pd.DataFrame:
+        """Measure ``todo`` as one batch named after the stage and the kernels; store and
+        return its rows."""
+        digest = hashlib.sha256("\n".join(todo).encode()).hexdigest()[:8]
+        batch_id = f"{stage}-{digest}"
+        rows = batch_rows(todo, self.forms, self.machine, self.bench,
+                          self.workdir / batch_id, batch_id, harness_bin=self.harness_bin,
+                          sim=self.sim, progress=self.log)
+        if db.part_path(self.db_dir, batch_id).exists():
+            # the same kernels measured before (an interrupted run, a repeat): keep both
+            batch_id = f"{batch_id}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"
+            rows["batch_id"] = batch_id
+        db.append(self.db_dir, rows, batch_id)
+        self.measured_now += len(todo)
+        return rows

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from cpumap.measure import campaign
@@ -300,7 +301,11 @@ def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, ta
 
 
 def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Measurer,
-                   count: int, seed: int) -> tuple[pd.DataFrame, dict]:
+                   count: int, seed: int, repeat: int = 0) -> tuple[pd.DataFrame, dict]:
+    """The held-out kernels measured and predicted (``validation.tsv``) and their metrics;
+    with ``repeat``, the first ``repeat`` of them measured again in a batch of their own:
+    ``run_to_run`` is the RMS relative difference of IPC between the two measurements, the
+    floor that no model's error on the same kernels can be expected to go under."""
     kernels = validation.random_kernels(forms, count, seed)
     table = validation.validate(model, kernels,
                               lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"))
@@ -308,6 +313,16 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
     # beside (never instead of) the whole set: the kernels without an interacting pair, the
     # part a resource model can describe; the rest are flagged in validation.tsv
     metrics["without_interacting"] = validation.metrics(table[~table.interacting])
+    if repeat:
+        first = table.dropna(subset=["cycles_measured"]).head(repeat)
+        again = measurer.again(list(first.kernel), stage=f"validation-repeat-s{seed}")
+        pairs = [(m, again[k]) for k, m in zip(first.kernel, first.cycles_measured,
+                                                strict=True) if k in again]
+        diff = np.array([m1 / m2 - 1.0 for m1, m2 in pairs])  # IPC again / IPC first - 1
+        metrics["run_to_run"] = {
+            "kernels": len(pairs),
+            "rms_rel_diff_ipc": float(np.sqrt(np.mean(diff ** 2))) if len(diff) else None,
+            "max_rel_diff_ipc": float(np.max(np.abs(diff))) if len(diff) else None}
     return table, metrics
 
 
@@ -369,6 +384,13 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"| RMS relative error of IPC | {fmt(metrics['rms_rel_error_ipc'])} |",
              f"| MAPE of IPC | {fmt(metrics['mape_ipc'])} |",
              f"| Kendall's tau of IPC | {fmt(metrics['kendall_tau'])} |", ""]
+    floor = metrics.get("run_to_run")
+    if floor and floor.get("kernels"):
+        lines += [f"The measurement's own floor: {floor['kernels']} of these kernels measured "
+                  "again in a batch of their own differ from their first measurement by "
+                  f"{fmt(floor['rms_rel_diff_ipc'])} RMS (relative, IPC; at most "
+                  f"{fmt(floor['max_rel_diff_ipc'])}): no model's error on them can be "
+                  "expected below that.", ""]
     if noise_line:
         lines += [noise_line, ""]
     if model is not None:
