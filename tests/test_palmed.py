@@ -293,6 +293,7 @@ def test_parallel_per_form_lps_give_the_same_model(tmp_path, monkeypatch) -> Non
                         lambda *a, **k: forked.append(len(a[0])) or solve(*a, **k))
     models = []
     for workers in (1, 2):
+        F._FITS.clear()  # no fit remembered from the first build: the second one solves
         F.set_lp_workers(workers)
         try:
             model, stats = build_model(sim.forms, sim.measure, config=cfg)

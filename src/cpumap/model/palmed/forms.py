@@ -274,6 +274,26 @@ def _parallel_lps(forms: Sequence[str], per_form: Mapping, singletons: Mapping[s
     return {f: out[f] for f in forms}
 
 
+#: The last fits of this process, by everything they depend on (``_fit_key``): a noisy
+#: refinement round fits the forms twice, with and without its new resources, and the fit
+#: without them is the previous round's, solved again (half the LPs of a round).
+_FITS: dict = {}
+_FITS_KEPT = 4
+
+
+def _fit_key(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
+             meas: Measurements, per_form: Mapping, n_res: int, cfg: PalmedConfig) -> tuple:
+    """Everything ``_fit_forms`` reads: each form's singleton and LP rows (kernel, cycles,
+    designation, the SK it extends and that SK's cycles), the core's uses, the resources'
+    count and the knobs."""
+    rows = tuple((f, singletons[f], tuple(
+        (_text(r.kernel), r.cycles, r.designated, r.base_text,
+         meas.get(r.base_text) if r.base_text else None, r.saturated)
+        for r in per_form[f][0])) for f in forms)
+    core_rho = tuple(sorted((f, tuple(sorted(u.items()))) for f, u in core.rho.items()))
+    return rows, core_rho, n_res, cfg
+
+
 def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
                meas: Measurements, saturating: Sequence[tuple[Mapping[str, int], float]],
                pair_index: Mapping[str, list[str]], cfg: PalmedConfig,
@@ -285,6 +305,9 @@ def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float]
     rho: dict[str, dict[int, float]] = {f: dict(v) for f, v in core.rho.items()}
     per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index, bad or set())
                 for f in forms}
+    key = _fit_key(core, forms, singletons, meas, per_form, n_res, cfg)
+    if key in _FITS:
+        return {f: dict(v) for f, v in _FITS[key].items()}
     exact = cfg.tol < NOISY_TOL
     for _ in range(cfg.fit_rounds):
         new_rho: dict[str, dict[int, float]] = {}
@@ -312,6 +335,9 @@ def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float]
         if before == [row.designated for f in forms for row in per_form[f][0]] \
                 and moved <= 1e-9:
             break
+    _FITS[key] = {f: dict(v) for f, v in rho.items()}
+    while len(_FITS) > _FITS_KEPT:
+        _FITS.pop(next(iter(_FITS)))
     return rho
 
 
