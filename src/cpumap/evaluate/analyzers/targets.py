@@ -59,28 +59,27 @@ def _uarch(machine: Mapping) -> tuple[str, str]:
     return str(name).removeprefix("dhyana-"), str(machine.get("vendor") or "")
 
 
-def llvm_mca_cpu(configured: str, machine: Mapping) -> Target:
-    """The ``-mcpu`` for llvm-mca on this machine (see the module docstring)."""
+def _target(configured: str, machine: Mapping, table: Mapping[str, str], tool: str,
+            fallback: str, why: str, key: str) -> Target:
     if configured != AUTO:
         return Target(configured, "config")
     name, _ = _uarch(machine)
-    if name in LLVM_CPU:
-        return Target(LLVM_CPU[name], "host")
-    return Target("native", "fallback",
-                  f"llvm-mca: cpumap has no -mcpu for microarchitecture {name or 'unknown'!r} "
-                  f"of {machine.get('machine_id', 'this host')}; using -mcpu=native (LLVM's "
-                  "own host detection); set evaluate.llvm_mca.cpu to choose")
+    if name in table:
+        return Target(table[name], "host")
+    return Target(fallback, "fallback",
+                  f"{tool}: no machine model for microarchitecture {name or 'unknown'!r} of "
+                  f"{machine.get('machine_id', 'this host')}; using {fallback} ({why}); set "
+                  f"{key} to choose")
+
+
+def llvm_mca_cpu(configured: str, machine: Mapping) -> Target:
+    """The ``-mcpu`` for llvm-mca on this machine (see the module docstring)."""
+    return _target(configured, machine, LLVM_CPU, "llvm-mca", "native",
+                   "LLVM's own host detection", "evaluate.llvm_mca.cpu")
 
 
 def osaca_arch(configured: str, machine: Mapping) -> Target:
     """The ``--arch`` for OSACA on this machine (see the module docstring)."""
-    if configured != AUTO:
-        return Target(configured, "config")
-    name, vendor = _uarch(machine)
-    if name in OSACA_ARCH:
-        return Target(OSACA_ARCH[name], "host")
-    arch = OSACA_FALLBACK.get(vendor, "ZEN4")
-    return Target(arch, "fallback",
-                  f"osaca: no machine model for microarchitecture {name or 'unknown'!r} of "
-                  f"{machine.get('machine_id', 'this host')}; using {arch}, the newest of its "
-                  "vendor; set evaluate.osaca.arch to choose")
+    arch = OSACA_FALLBACK.get(_uarch(machine)[1], "ZEN4")
+    return _target(configured, machine, OSACA_ARCH, "osaca", arch, "the newest of its vendor",
+                   "evaluate.osaca.arch")
