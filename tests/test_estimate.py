@@ -243,3 +243,26 @@ def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path):
         agg.sort_values("kernel").reset_index(drop=True),
         whole.sort_values("kernel").reset_index(drop=True), check_dtype=False)
     assert sorted(agg.kernel) == ["A", "B", "C"] and tried == {"A", "B", "C", "F"}
+
+
+def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):
+    """A second measurement on purpose (stage 'repeat-...') is not pooled into the kernel's
+    estimate, and Measurer.again answers from it without measuring when it is there (a
+    rebuild from the database)."""
+    from test_db import PARAMS
+
+    from cpumap.measure.backend import Measurer
+    from cpumap.store import db
+
+    first = noisy_rows(1.0, 16, 0.0, seed=1, batch="validation-s1-aaaa")
+    second = noisy_rows(0.9, 16, 0.0, seed=2, batch="repeat-validation-s1-bbbb")
+    db.append(tmp_path, first, "validation-s1-aaaa")
+    db.append(tmp_path, second, "repeat-validation-s1-bbbb")
+    m = Measurer({"machine_id": first.machine_id[0]}, pd.DataFrame(), PARAMS, tmp_path,
+                 tmp_path / "work", measure=False)
+    m.params_id, m.version = db.params_id(PARAMS), "1"
+    assert m.known() == {"A": pytest.approx(1.0, rel=0.004)}
+    assert m.again(["A"], "repeat-validation-s1") == {"A": pytest.approx(0.9, rel=0.004)}
+    assert m.again(["A"], "repeat-other") == {}  # nothing of that stage, measuring off
+    with pytest.raises(ValueError, match="repeat"):
+        m.again(["A"], "validation-s1")

@@ -155,7 +155,10 @@ def test_model_killed_mid_fit_resumes_from_stored_kernels(tmp_path: Path) -> Non
     # kernels, and no kernel stored before the kill was measured again by any job
     assert measured_now == len(db.load_parts(new_core)) > 0
     stored = set(db.load_parts([mdir / "db" / k for k in before])["kernel"])
-    assert not stored & set(db.load_parts(new)["kernel"])
+    # (the held-out kernels measured a second time on purpose, the run-to-run floor, aside)
+    first = [p for p in new if not p.name.startswith("part-repeat-")]
+    assert len(first) < len(new)
+    assert not stored & set(db.load_parts(first)["kernel"])
     stats = json.loads((mdir / "model" / "stats.json").read_text())
     assert stats["measured_by_job"]["core"] == measured_now
     assert measured_now < stats["kernels"]["core"]

@@ -104,6 +104,10 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                                   batch_id, progress=progress, skip=skip)
 
 
+#: Batches measured a second time on purpose (a run-to-run floor): their stage names start
+#: with this, and the Measurer's estimates leave them out (they are the second measurement,
+#: compared with the first, not pooled into it); ``Measurer.again`` reads them back.
+REPEAT = db.REPEAT_PREFIX
 #: The columns the calibration of a batch needs (estimate.batch_ratios), read in a first pass.
 _CAL_COLUMNS = ["machine_id", "batch_id", "params_id", "harness_version", "kernel", "cal1",
                 "cal2", "cal_adds"]
@@ -125,7 +129,7 @@ def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version:
            "harness_version": harness_version}
     cal_rows: list[pd.DataFrame] = []
     seen: dict[str, int] = {}
-    for _, part in db.iter_parts(db_dir, _CAL_COLUMNS, **key):
+    for _, part in db.iter_parts(db_dir, _CAL_COLUMNS, skip_batches=REPEAT, **key):
         cal_rows.append(part[part.cal1.notna()])
         for k in part.kernel.astype(str).unique():
             seen[k] = seen.get(k, 0) + 1
@@ -133,7 +137,7 @@ def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version:
     shared = {k for k, n in seen.items() if n > 1}
     out: list[pd.DataFrame] = []
     later: list[pd.DataFrame] = []
-    for _, part in db.iter_parts(db_dir, None, **key):
+    for _, part in db.iter_parts(db_dir, None, skip_batches=REPEAT, **key):
         several = part.kernel.isin(shared)
         if several.any():
             later.append(part[several])
@@ -242,16 +246,24 @@ class Measurer:
         return {k: known[k] for k in canon if k in known}
 
     def again(self, kernels: list[str], stage: str) -> dict[str, float]:
-        """Cycles of each kernel measured anew, in a batch of its own, whatever the database
-        holds (the new rows are stored beside the old): a second measurement in the same run
-        gives the measurement's own run-to-run spread. Empty when measuring is off."""
-        if not self.allow_measure or not kernels:
-            return {}
+        """Cycles of each kernel measured a second time, in a batch of its own (``stage``
+        starts with :data:`REPEAT`): the measurement's own run-to-run spread. Kernels that
+        such a batch of this stage already holds are answered from it (a rebuild from the
+        database measures nothing); the others are measured, unless measuring is off."""
+        if not stage.startswith(REPEAT):
+            raise ValueError(f"a repeat stage must start with {REPEAT!r}: {stage!r}")
         canon = list(dict.fromkeys(asmgen.canonical(asmgen.parse_canonical(k))
                                    for k in kernels))
-        self.log(f"{stage}: measuring {len(canon)} kernels again")
-        agg = estimate.aggregate(self._measure_new(canon, stage), self.bench.stable_tol)
-        ok = agg.cycles_per_instance_est > 0
+        key = {"machine_id": self.machine_id, "params_id": self.params_id,
+               "harness_version": self.version}
+        rows = [part for _, part in db.iter_parts(self.db_dir, batches=f"{stage}-", **key)]
+        have = pd.concat(rows, ignore_index=True) if rows else db.empty_frame()
+        todo = [k for k in canon if k not in set(have.kernel.astype(str))]
+        if todo and self.allow_measure:
+            self.log(f"{stage}: measuring {len(todo)} kernels again")
+            have = pd.concat([have, self._measure_new(todo, stage)], ignore_index=True)
+        agg = estimate.aggregate(have, self.bench.stable_tol)
+        ok = (agg.cycles_per_instance_est > 0) & agg.kernel.isin(canon)
         return dict(zip(agg.kernel[ok], agg.cycles_per_instance_est[ok].astype(float),
                         strict=True))
 

@@ -38,6 +38,7 @@ __all__ = [
     "SCHEMA",
     "SchemaMismatchError",
     "OPTIONAL",
+    "REPEAT_PREFIX",
     "append",
     "batch_key",
     "canonical_json",
@@ -252,22 +253,38 @@ def load_parts(
 
 
 def iter_parts(
-    db_dir: str | Path, columns: list[str] | None = None, **equal: str
+    db_dir: str | Path, columns: list[str] | None = None, *, batches: str | None = None,
+    skip_batches: str | None = None, **equal: str
 ) -> Iterator[tuple[Path, pd.DataFrame]]:
     """(path, rows) of each part in turn, only the rows whose columns equal the ``equal``
     values (compared before the rows become a DataFrame): what reads a database larger than
     memory, one part at a time (a full-profile campaign holds tens of millions of rows; as
-    one DataFrame, 0.7 kB each, more than this machine has)."""
+    one DataFrame, 0.7 kB each, more than this machine has). ``batches`` / ``skip_batches``:
+    only the parts whose batch id starts with that prefix / all but those."""
     for path in part_paths(db_dir):
+        batch = path.name.removeprefix("part-")
+        if (batches is not None and not batch.startswith(batches)) or \
+                (skip_batches is not None and batch.startswith(skip_batches)):
+            continue
         table = _read_part(path, columns)
         for name, value in equal.items():
             table = table.filter(pc.equal(table[name], value))
         yield path, table.to_pandas()
 
 
-def load(db_dir: str | Path, machine_id: str | None = None) -> pd.DataFrame:
-    """All rows of the database in ``db_dir`` (empty if the directory does not exist yet)."""
-    return load_parts(part_paths(db_dir), machine_id=machine_id)
+#: Batches that measure kernels a second time on purpose (the validation's run-to-run floor)
+#: have ids starting with this: estimates leave them out (they are compared with the first
+#: measurement, not pooled into it); archives and merges keep them like every row.
+REPEAT_PREFIX = "repeat-"
+
+
+def load(db_dir: str | Path, machine_id: str | None = None, *,
+         repeats: bool = False) -> pd.DataFrame:
+    """All rows of the database in ``db_dir`` (empty if the directory does not exist yet),
+    without the repeat batches (``REPEAT_PREFIX``) unless ``repeats``."""
+    paths = [p for p in part_paths(db_dir)
+             if repeats or not p.name.startswith(f"part-{REPEAT_PREFIX}")]
+    return load_parts(paths, machine_id=machine_id)
 
 
 def measured_keys(

@@ -104,7 +104,8 @@ def merge(sources: list[Path | str], into: Path | str) -> MergeReport:
     def known_keys(machine_id: str) -> set:
         if machine_id not in known:
             mdb = dest / machine_id / "db"
-            known[machine_id] = set(row_keys(db.load(mdb))) if mdb.is_dir() else set()
+            known[machine_id] = (set(row_keys(db.load(mdb, repeats=True))) if mdb.is_dir()
+                                 else set())
         return known[machine_id]
 
     for machine_id in sorted({m for _, rows in loaded for m in rows["machine_id"].unique()}):
