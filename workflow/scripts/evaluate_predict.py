@@ -4,6 +4,7 @@ Writes predictions/<analyzer>/<benchmark>.parquet (one row per block, failures w
 error) and predictions/<analyzer>.json (what ran, how long, how many blocks failed).
 """
 
+import dataclasses
 import json
 import sys
 import time
@@ -87,7 +88,7 @@ meta = {"analyzer": name, "description": analyzer.describe(), "blocks": int(len(
         "ok_with_notes": int(len(noted)),
         "notes": noted.error.value_counts().head(20).to_dict()}
 if target is not None:
-    meta["target"] = {"value": target.value, "how": target.how, "warning": target.warning}
+    meta["target"] = dataclasses.asdict(target)
 if hasattr(analyzer, "stats"):
     meta["calls"] = analyzer.stats.calls
     meta["failed_calls"] = analyzer.stats.failed_calls

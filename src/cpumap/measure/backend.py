@@ -104,13 +104,15 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                                   batch_id, progress=progress, skip=skip)
 
 
-#: Batches measured a second time on purpose (a run-to-run floor): their stage names start
-#: with this, and the Measurer's estimates leave them out (they are the second measurement,
-#: compared with the first, not pooled into it); ``Measurer.again`` reads them back.
-REPEAT = db.REPEAT_PREFIX
 #: The columns the calibration of a batch needs (estimate.batch_ratios), read in a first pass.
 _CAL_COLUMNS = ["machine_id", "batch_id", "params_id", "harness_version", "kernel", "cal1",
                 "cal2", "cal_adds"]
+
+
+def _calibration(part: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a part that carry a calibration sample, in the columns the clock ratio of
+    a batch needs (estimate.batch_ratios)."""
+    return part.loc[part.cal1.notna(), _CAL_COLUMNS]
 
 
 def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version: str,
@@ -129,15 +131,16 @@ def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version:
            "harness_version": harness_version}
     cal_rows: list[pd.DataFrame] = []
     seen: dict[str, int] = {}
-    for _, part in db.iter_parts(db_dir, _CAL_COLUMNS, skip_batches=REPEAT, **key):
-        cal_rows.append(part[part.cal1.notna()])
+    for _, part in db.iter_parts(db_dir, _CAL_COLUMNS, skip_batches=db.REPEAT_PREFIX,
+                                 **key):
+        cal_rows.append(_calibration(part))
         for k in part.kernel.astype(str).unique():
             seen[k] = seen.get(k, 0) + 1
     ratios = estimate.batch_ratios(pd.concat(cal_rows)) if cal_rows else {}
     shared = {k for k, n in seen.items() if n > 1}
     out: list[pd.DataFrame] = []
     later: list[pd.DataFrame] = []
-    for _, part in db.iter_parts(db_dir, None, skip_batches=REPEAT, **key):
+    for _, part in db.iter_parts(db_dir, None, skip_batches=db.REPEAT_PREFIX, **key):
         several = part.kernel.isin(shared)
         if several.any():
             later.append(part[several])
@@ -158,7 +161,7 @@ def monitor_db(db_dir: Path, machine_id: str, stable_tol: float) -> pd.DataFrame
     cal: list[pd.DataFrame] = []
     for _, part in db.iter_parts(db_dir, None, machine_id=machine_id):
         mon.append(part[part.role == "monitor"])
-        cal.append(part.loc[part.cal1.notna(), _CAL_COLUMNS])
+        cal.append(_calibration(part))
     if not mon:
         return estimate.monitor_table(db.empty_frame(), stable_tol)
     return estimate.monitor_table(pd.concat(mon), stable_tol,
@@ -247,11 +250,12 @@ class Measurer:
 
     def again(self, kernels: list[str], stage: str) -> dict[str, float]:
         """Cycles of each kernel measured a second time, in a batch of its own (``stage``
-        starts with :data:`REPEAT`): the measurement's own run-to-run spread. Kernels that
+        starts with ``db.REPEAT_PREFIX``; the database's estimates leave such batches out):
+        the measurement's own run-to-run spread. Kernels that
         such a batch of this stage already holds are answered from it (a rebuild from the
         database measures nothing); the others are measured, unless measuring is off."""
-        if not stage.startswith(REPEAT):
-            raise ValueError(f"a repeat stage must start with {REPEAT!r}: {stage!r}")
+        if not stage.startswith(db.REPEAT_PREFIX):
+            raise ValueError(f"a repeat stage must start with {db.REPEAT_PREFIX!r}: {stage!r}")
         canon = list(dict.fromkeys(asmgen.canonical(asmgen.parse_canonical(k))
                                    for k in kernels))
         key = {"machine_id": self.machine_id, "params_id": self.params_id,

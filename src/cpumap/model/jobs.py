@@ -27,7 +27,7 @@ from cpumap.measure.backend import Measurer
 from cpumap.model import resmodel, validation
 from cpumap.model.palmed import PalmedConfig
 from cpumap.model.palmed.build import Build
-from cpumap.store import files
+from cpumap.store import db, files
 
 
 def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -315,7 +315,8 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
     metrics["without_interacting"] = validation.metrics(table[~table.interacting])
     if repeat:
         first = table.dropna(subset=["cycles_measured"]).head(repeat)
-        again = measurer.again(list(first.kernel), stage=f"repeat-validation-s{seed}")
+        again = measurer.again(list(first.kernel),
+                               stage=f"{db.REPEAT_PREFIX}validation-s{seed}")
         pairs = [(m, again[k]) for k, m in zip(first.kernel, first.cycles_measured,
                                                 strict=True) if k in again]
         diff = np.array([m1 / m2 - 1.0 for m1, m2 in pairs])  # IPC again / IPC first - 1

@@ -137,12 +137,22 @@ def part_path(db_dir: str | Path, batch_id: str) -> Path:
     return Path(db_dir) / f"part-{batch_id}.parquet"
 
 
-def part_paths(db_dir: str | Path) -> list[Path]:
-    """All parts of a database, sorted by name; temporary files are not parts."""
+def part_paths(db_dir: str | Path, *, batches: str | None = None,
+               skip_batches: str | None = None) -> list[Path]:
+    """All parts of a database, sorted by name; temporary files are not parts. ``batches`` /
+    ``skip_batches``: only the parts whose batch id starts with that prefix / all but those."""
     d = Path(db_dir)
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if _PART_RE.match(p.name) and p.is_file())
+    out = []
+    for p in sorted(d.iterdir()):
+        if not (_PART_RE.match(p.name) and p.is_file()):
+            continue
+        batch = p.name.removeprefix("part-")
+        if (batches is None or batch.startswith(batches)) and \
+                (skip_batches is None or not batch.startswith(skip_batches)):
+            out.append(p)
+    return out
 
 
 # --------------------------------------------------------------------------- writing
@@ -259,13 +269,9 @@ def iter_parts(
     """(path, rows) of each part in turn, only the rows whose columns equal the ``equal``
     values (compared before the rows become a DataFrame): what reads a database larger than
     memory, one part at a time (a full-profile campaign holds tens of millions of rows; as
-    one DataFrame, 0.7 kB each, more than this machine has). ``batches`` / ``skip_batches``:
-    only the parts whose batch id starts with that prefix / all but those."""
-    for path in part_paths(db_dir):
-        batch = path.name.removeprefix("part-")
-        if (batches is not None and not batch.startswith(batches)) or \
-                (skip_batches is not None and batch.startswith(skip_batches)):
-            continue
+    one DataFrame, 0.7 kB each, more than this machine has). ``batches``, ``skip_batches``:
+    as for :func:`part_paths`."""
+    for path in part_paths(db_dir, batches=batches, skip_batches=skip_batches):
         table = _read_part(path, columns)
         for name, value in equal.items():
             table = table.filter(pc.equal(table[name], value))
@@ -282,9 +288,8 @@ def load(db_dir: str | Path, machine_id: str | None = None, *,
          repeats: bool = False) -> pd.DataFrame:
     """All rows of the database in ``db_dir`` (empty if the directory does not exist yet),
     without the repeat batches (``REPEAT_PREFIX``) unless ``repeats``."""
-    paths = [p for p in part_paths(db_dir)
-             if repeats or not p.name.startswith(f"part-{REPEAT_PREFIX}")]
-    return load_parts(paths, machine_id=machine_id)
+    skip = None if repeats else REPEAT_PREFIX
+    return load_parts(part_paths(db_dir, skip_batches=skip), machine_id=machine_id)
 
 
 def measured_keys(

@@ -256,7 +256,8 @@ class Build:
                 "classes": {rep: members for rep, members in sorted(basic.classes.items())
                             if len(members) > 1},
                 "n_classes": len(basic.classes),
-                # forms alike against every core resource: one fitted, the others verified
+                # forms alike against every saturating kernel: one fitted, the others take
+                # its uses
                 "behaviour_classes": dict(sorted(behaviour.items())),
                 "resources": {n: {"defining": _text(d), "saturating": _text(s),
                                   "stage": "core" if i < core.n_resources else "refine"}

@@ -86,27 +86,19 @@ def behaviour_classes(forms: Sequence[str], fixed: Sequence[str],
     members: dict[str, list[str]] = {}
     for f in order:
         sig = _signature(f, saturating, singletons, meas, cfg, full)
-        if sig is None or f in fixed_set:
-            rep_of[f] = f
-            members[f] = [f]
-            if sig is not None:
-                reps, vals = by_shape.setdefault(sig[0], ([], []))
-                reps.append(f)
-                vals.append(np.asarray(sig[1]))
-            continue
-        shape, values = sig
-        v = np.asarray(values)
-        reps, vals = by_shape.setdefault(shape, ([], []))
         joined = None
-        if vals:
-            mat = np.vstack(vals)
-            close = np.all(np.abs(mat - v) <= tol * np.minimum(mat, v), axis=1)
-            hit = np.flatnonzero(close)
-            if hit.size:
-                joined = reps[int(hit[0])]
+        if sig is not None:
+            reps, vals = by_shape.setdefault(sig[0], ([], []))
+            v = np.asarray(sig[1])
+            if vals and f not in fixed_set:
+                mat = np.vstack(vals)
+                hit = np.flatnonzero(np.all(np.abs(mat - v) <= tol * np.minimum(mat, v),
+                                            axis=1))
+                joined = reps[int(hit[0])] if hit.size else None
+            if joined is None:
+                reps.append(f)
+                vals.append(v)
         if joined is None:
-            reps.append(f)
-            vals.append(v)
             rep_of[f] = f
             members[f] = [f]
         else:

@@ -72,9 +72,9 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     # tells the forms of a class apart where the core's resources could not (the balanced
     # proportion did not: a form with μops on ALU ports 0-2 and 0-3 measured as one with two
     # on 0-3, its bottleneck moved to the wider resource)
-    light = sorted({_text(k) for f in forms for sk, t in saturating[core.n_resources:]
-                    for k in mix(dict(sk), t, f, singletons[f], cfg.betas[-1],
-                                 cfg.max_kernel)} - set(meas))
+    light = sorted({text for f in forms for sk, t in saturating[core.n_resources:]
+                    for k in mix(dict(sk), t, f, singletons[f], cfg.betas[-1], cfg.max_kernel)
+                    if (text := _text(k)) not in meas})
     if light:
         return Step(need=light, state=list(state))
     behaviour = behaviour_classes(forms, core.basic, saturating, singletons, meas, cfg,
