@@ -79,8 +79,8 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         return Step(need=light, state=list(state))
     behaviour = behaviour_classes(forms, core.basic, saturating, singletons, meas, cfg,
                                   full=core.n_resources)
-    step = _fit_reps(core, behaviour.reps, singletons, substituted(meas, behaviour),
-                     state=state, classes=classes, config=cfg, log=log, lp_stats=lp_stats)
+    step = _fit_reps(core, behaviour.reps, singletons, substituted(meas, behaviour), state,
+                     classes, cfg, log, lp_stats or _LPStats())
     if step.need:
         return step
     rho, defining, saturating_out = step.result
@@ -91,16 +91,12 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
                 state=step.state)
 
 
-def _fit_reps(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
-              meas: Measurements, *,
-              state: Sequence[tuple[Mapping[str, int], float, int]] = (),
-              classes: Mapping[str, Sequence[str]] | None = None,
-              config: PalmedConfig | None = None, log: Log = _nolog,
-              lp_stats: _LPStats | None = None) -> Step:
-    """``fit_remaining`` for forms that each stand for themselves (the representatives)."""
-    cfg = config or PalmedConfig()
-    stats = lp_stats or _LPStats()
-    forms = sorted(set(forms))
+def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
+              meas: Measurements, state: Sequence[tuple[Mapping[str, int], float, int]],
+              classes: Mapping[str, Sequence[str]] | None, cfg: PalmedConfig, log: Log,
+              stats: _LPStats) -> Step:
+    """``fit_remaining`` for forms that each stand for themselves (the representatives,
+    sorted)."""
     refined = [(dict(k), float(t), int(rnd)) for k, t, rnd in state]
     defining = [dict(d) for d in core.defining] + [k for k, _, _ in refined]
     t_def = list(core.t_defining) + [t for _, t, _ in refined]
