@@ -127,6 +127,23 @@ def test_calibration_ratio_from_disturbed_chains():
     assert np.isnan(estimate.calib_ratio(cal2, cal1, adds))
 
 
+@pytest.mark.parametrize("slowed", ["n", "2n"])
+def test_calibration_ratio_when_every_sample_of_one_chain_is_slowed(slowed):
+    """Four samples (a small batch), every one of one chain 7 % slow, the other chain clean:
+    the difference of the fastest samples is then 7-12 % off (CI, 2026-11-24: a latency-1
+    add chain measured at 0.91 cycles per add); the physical bounds (a latency-1 add per
+    cycle at most, a fixed cost of at most CALIB_OVERHEAD) keep it within that fraction."""
+    rng = np.random.default_rng(1)
+    adds, overhead = 20_000, 50.0
+    slow1, slow2 = (1.07, 1.0) if slowed == "n" else (1.0, 1.07)
+    cal1 = _ticks(np.full(4, adds + overhead) * slow1, rng)
+    cal2 = _ticks(np.full(4, 2 * adds + overhead) * slow2, rng)
+    naive = adds / (cal2.min() - cal1.min())
+    assert abs(naive / RATIO - 1) > 0.07  # what the difference alone says
+    assert estimate.calib_ratio(cal1, cal2, adds) == pytest.approx(
+        RATIO, rel=estimate.CALIB_OVERHEAD)
+
+
 def test_robust_low_averages_the_timer_steps_and_ignores_the_tail():
     x = np.array([1000, 1026, 1000, 1026, 1026, 1400, 1700, 2000])
     assert estimate.robust_low(x, step=26) == pytest.approx(1015.6)

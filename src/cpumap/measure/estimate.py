@@ -44,6 +44,10 @@ LOOPS_AGREE = 0.005
 #: epilogue (16 register loads, 6 pushes and pops, two ldmxcsr, up to 32 vector loads,
 #: vzeroupper) and the timer's fences: 50-600 cycles measured on Zen 4 (2 f1 - f2).
 CALL_OVERHEAD_MAX = 600.0
+#: Fixed cost of a calibration chain's call (two TSC reads, loop entry) as a fraction of the
+#: shorter chain: measured 37 ticks of 14,092 (0.26 %) on Zen 4, 20,000 adds; the bound
+#: leaves room for a slower TSC read four times that.
+CALIB_OVERHEAD = 0.01
 #: Default stability tolerance (bench.stable_tol): first half and all repetitions agree.
 STABLE_TOL = 0.005
 
@@ -109,9 +113,21 @@ def _fastest(x: np.ndarray) -> float:
 def calib_ratio(cal1: np.ndarray, cal2: np.ndarray, adds: float) -> float:
     """Core cycles per TSC tick from calibration samples: ``adds`` more dependent adds in the
     2n chain than in the n chain, over the difference of their fastest samples (chains of
-    tens of thousands of ticks; a neighbour only slows a chain)."""
-    d = _fastest(cal2) - _fastest(cal1)
-    return adds / d if d > 0 else float("nan")
+    tens of thousands of ticks; a neighbour only slows a chain).
+
+    The difference alone is wrong by the whole disturbance when only one chain's samples are
+    all slowed (CI on 2026-11-24: four 2n samples slowed, a ratio 9 % low, a latency-1 add
+    chain at 0.91 cycles per add). Physics bounds it: a chain of k latency-1 adds takes at
+    least k cycles, so k over its ticks is at most the ratio (lower bound: the call's fixed
+    cost is not negative), and that fixed cost is at most CALIB_OVERHEAD of the chain (upper
+    bound). Each chain's least disturbed sample then sets the ratio to within that fraction.
+    """
+    f1, f2 = _fastest(cal1), _fastest(cal2)
+    d = f2 - f1
+    if not d > 0:
+        return float("nan")
+    low = max(adds / f1, 2.0 * adds / f2)
+    return float(np.clip(adds / d, low, low / (1.0 - CALIB_OVERHEAD)))
 
 
 def _low_by(x: np.ndarray, gid: np.ndarray, n: int, step: np.ndarray) -> np.ndarray:
