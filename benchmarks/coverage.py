@@ -78,6 +78,9 @@ def main() -> int:
               f"{sum(c.share >= 0.99 for c in suite)} of {len(suite)} benchmarks at >= 99 %")
         print("missing (share of executed instructions): " + "; ".join(
             f"{k} {v / total.total:.2%}" for k, v in total.missing.most_common(args.top)))
+        print(f"blocks mixing legacy SSE and 256-bit AVX: {total.mixing_blocks} of "
+              f"{total.blocks} ({total.mixing_weight / total.total:.2%} of the executed "
+              "instructions)")
     else:
         print(f"\n== suite: no evaluate/blocks and evaluate/counts under {machine}")
 
@@ -94,6 +97,9 @@ def main() -> int:
         weight = sum(c.total for c in apps)
         print("missing (share of all applications' weight): " + "; ".join(
             f"{k} {v / weight:.2%}" for k, v in total.missing.most_common(args.top)))
+        print(f"blocks mixing legacy SSE and 256-bit AVX: {total.mixing_blocks} of "
+              f"{total.blocks} (" + ", ".join(f"{c.name} {c.mixing_blocks}" for c in apps)
+              + ")")
     else:
         print(f"\n== corpus: {args.corpus} not found (give --corpus)")
     return 0

@@ -144,6 +144,9 @@ rule eval_report:
         blocks=eval_benchmark_files(EVAL_BLOCKS),
         counts=eval_benchmark_files(EVAL_COUNTS),
         machine=MACHINE_JSON,
+        # the blocks mixing legacy SSE and 256-bit AVX, and what a switch costs here
+        forms=FORMS,
+        sse_avx=SSE_AVX,
         # evaluated when the DAG is built, after every rule file extended the list
         extra=lambda wildcards: [p.format(mid=wildcards.mid) for p in EVAL_REPORT_EXTRA],
     output:

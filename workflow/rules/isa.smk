@@ -47,3 +47,26 @@ rule catalogue:
         "../../envs/cpumap.yaml"
     script:
         "../scripts/catalogue.py"
+
+
+# Whether legacy-SSE and 256-bit AVX forms in one kernel cost a penalty per switch (Zen 2/3):
+# the model and its validation then keep them apart, predictions add the measured cost.
+rule sse_avx_probe:
+    input:
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        json=SSE_AVX,
+    log:
+        f"{LOGS}/sse_avx_probe.log",
+    params:
+        bench=config["bench"],
+        machine=config["machine"],
+        workdir=f"{MDIR}/isa/work/sse-avx",
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/sse_avx_probe.py"

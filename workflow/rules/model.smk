@@ -14,6 +14,8 @@ checkpoint palmed_pairs:
         summary=SINGLETON_SUMMARY,
         plan=SINGLETON_PLAN,
         forms=FORMS,
+        # the SSE/AVX switching penalty: where it exists, no kernel mixes the two
+        sse_avx=SSE_AVX,
         machine=MACHINE_JSON,
         harness=HARNESS_BIN,
         # model.extra_forms is an input when set: editing the list refits the model

@@ -18,7 +18,8 @@ redirect_output(snakemake.log[0])
 import pandas as pd
 
 from cpumap.evaluate import analyzers as A
-from cpumap.evaluate import report
+from cpumap.evaluate import coverage, report
+from cpumap.isa.catalogue import Catalogue
 from cpumap.store import files
 
 kernels = pd.read_csv(snakemake.input.kernels, sep="\t", keep_default_na=True)
@@ -44,14 +45,19 @@ header = {
                        if cfg.get("drop_terminator", True) else "each whole block"),
 }
 # the instructions every analyzer was given (terminator dropped or not, as configured)
-inputs = A.block_inputs(pd.concat([files.read_parquet_checked(p) for p in snakemake.input.blocks],
-                                  ignore_index=True), cfg.get("drop_terminator", True))
+suite_blocks = pd.concat([files.read_parquet_checked(p) for p in snakemake.input.blocks],
+                         ignore_index=True)
+inputs = A.block_inputs(suite_blocks, cfg.get("drop_terminator", True))
 blocks = pd.DataFrame({"benchmark": [b.benchmark for b in inputs],
                        "block_id": [b.block_id for b in inputs],
                        "insns": [list(b.insns) for b in inputs]})
 counts = pd.concat([files.read_parquet_checked(p) for p in snakemake.input.counts],
                    ignore_index=True)
-notes = [report.residency_note(s)]
+with open(snakemake.input.sse_avx, encoding="utf-8") as handle:
+    sse_avx = json.load(handle)
+mixing = coverage.summary(coverage.suite_coverage(
+    suite_blocks, counts, (), Catalogue.load(Path(snakemake.input.forms))))
+notes = [report.residency_note(s), report.sse_avx_note(mixing, sse_avx)]
 extra = [report.fragment_section(p) for p in snakemake.input.extra]
 report.write_report(snakemake.output.html, title="cpumap: code analyzers on real kernels",
                     header=header, metrics=metrics, kernels=kernels, predictions=predictions,

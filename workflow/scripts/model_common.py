@@ -11,8 +11,10 @@ from cpumap.model.simulate import SimulatedMachine
 from cpumap.store.files import read_parquet_checked
 
 
-def measurer_and_config(snakemake) -> tuple[Measurer, PalmedConfig, dict]:
-    """(Measurer over the machine's DB, Palmed's configuration, machine description)."""
+def measurer_of(snakemake) -> tuple[Measurer, float | None, dict]:
+    """(Measurer over the machine's DB, the simulated machine's noise or None, machine
+    description) of a rule with inputs machine, forms, harness and params machine, bench,
+    workdir."""
     with open(snakemake.input.machine, encoding="utf-8") as handle:
         machine = json.load(handle)
     backend = snakemake.params.machine
@@ -29,6 +31,12 @@ def measurer_and_config(snakemake) -> tuple[Measurer, PalmedConfig, dict]:
                         # `measure: false`: answer from the DB only (read from the config, not
                         # params, so that switching it reruns nothing)
                         measure=bool(snakemake.config.get("measure", True)))
+    return measurer, noise, machine
+
+
+def measurer_and_config(snakemake) -> tuple[Measurer, PalmedConfig, dict]:
+    """(Measurer over the machine's DB, Palmed's configuration, machine description)."""
+    measurer, noise, machine = measurer_of(snakemake)
     config = jobs.palmed_config(snakemake.params.model, noise)
     # a kernel whose measurement is less certain than Palmed's tolerance cannot bound an LP
     # to that tolerance: it is left out, as a failed kernel is

@@ -1,6 +1,7 @@
 """Rules palmed_pairs, palmed_basic, palmed_core, palmed_mapping and fit_model: one Palmed
 stage each (cpumap.model.jobs's *_job functions), chosen by params.stage."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ redirect_output(snakemake.log[0])
 
 from model_common import measurer_and_config
 
+from cpumap.measure import transition
 from cpumap.measure.campaign import read_plan
 from cpumap.model import jobs
 
@@ -29,7 +31,10 @@ if stage == "pairs":
     for name, reason in sorted(left_out.items()):
         print(f"not modelled: {name}: {reason}", flush=True)
     print(f"modelling {len(forms)} forms of {machine['machine_id']} (tol {cfg.tol})", flush=True)
-    jobs.pairs_job(job, forms, left_out, Path(out.state), Path(out.plan), batch_size)
+    with open(inp.sse_avx, encoding="utf-8") as handle:
+        sse_avx = json.load(handle)
+    print(transition.summary(sse_avx), flush=True)
+    jobs.pairs_job(job, forms, left_out, Path(out.state), Path(out.plan), batch_size, sse_avx)
 elif stage == "basic":
     jobs.basic_job(job, Path(inp.state), Path(out.state))
 elif stage == "core":

@@ -44,8 +44,9 @@ class Resolver:
     def __init__(self, forms: Iterable[str], ctx: Context, model_path: Path):
         # loaded already with the model (resmodel imports it): taken once, not per line
         from cpumap.measure import asmgen
+        from cpumap.model import resmodel
 
-        self._asmgen = asmgen
+        self._asmgen, self._resmodel = asmgen, resmodel
         self.known = set(forms)
         self.upper = {f.upper(): f for f in self.known}
         self.ctx = ctx
@@ -96,9 +97,16 @@ class Resolver:
         return kernel
 
     def answer(self, predictor: Any, kernel: dict[str, int]) -> dict[str, Any]:
-        cycles, bottleneck = predictor.predict(kernel)
+        bound, bottleneck = predictor.predict(kernel)
+        # on a host that pays for switching between legacy SSE and 256-bit AVX (measured by
+        # the catalogue stage, carried by the model), the switches of the generator's layout
+        # of the kernel, at their measured cost, on top of the resource bound
+        switches, extra = self._resmodel.switching(predictor.model, kernel)
+        cycles = bound + extra
         n = sum(kernel.values())
         return {"kernel": self._asmgen.canonical(kernel), "n_insns": n, "cycles": cycles,
+                "throughput_bound": bound, "sse_avx_transition": switches > 0,
+                "sse_avx_switches": switches, "sse_avx_cycles": extra,
                 "ipc": n / cycles if cycles > 0 else None, "bottleneck": bottleneck,
                 "bottleneck_label": predictor.labels.get(bottleneck) if bottleneck else None,
                 "interacting": predictor.interacting(kernel),
@@ -199,6 +207,11 @@ def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
         ipc = f"{out['ipc']:.3f}" if out["ipc"] is not None else "n/a"
         print(f"{out['kernel']}: {out['cycles']:.4f} cycles per instance, IPC {ipc}, "
               f"bottleneck {out['bottleneck']}{label}")
+        if out["sse_avx_transition"]:
+            print(f"  of which {out['sse_avx_cycles']:.1f} cycles: {out['sse_avx_switches']} "
+                  "switches between legacy SSE and 256-bit AVX per instance, at the cost "
+                  "measured on this host (resource bound "
+                  f"{out['throughput_bound']:.4f})")
     if out["interacting"]:
         # a prediction the model cannot vouch for: said on stderr so that --json stays JSON
         print("warning: the kernel holds a pair of forms that ran slower together than one "

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from cpumap.isa import x86
+from cpumap.isa import transition, x86
 from cpumap.isa.catalogue import Catalogue
 
 __all__ = ["Coverage", "corpus_coverage", "read_corpus", "suite_coverage"]
@@ -43,11 +43,18 @@ class Coverage:
     blocks_covered: int = 0
     #: "FORM (why)" -> weight of the blocks it kept from being predicted
     missing: Counter = field(default_factory=Counter)
+    #: blocks holding both legacy-SSE and 256-bit AVX forms (``cpumap.isa.transition``:
+    #: on Zen 2/3 each switch between them costs a micro-fault), and their weight
+    mixing_blocks: int = 0
+    mixing_weight: float = 0.0
 
-    def add(self, weight: float, missing: list[str]) -> None:
+    def add(self, weight: float, missing: list[str], mixes: bool = False) -> None:
         """One block of this weight, predicted unless something in it is ``missing``."""
         self.blocks += 1
         self.total += weight
+        if mixes:
+            self.mixing_blocks += 1
+            self.mixing_weight += weight
         if missing:
             for why in set(missing):
                 self.missing[why] += weight
@@ -62,6 +69,7 @@ class Coverage:
     def row(self, top: int = 5) -> dict[str, Any]:
         return {"name": self.name, "share": self.share, "blocks": self.blocks,
                 "blocks_covered": self.blocks_covered,
+                "sse_avx_mixing": self.mixing_blocks,
                 "top_missing": "; ".join(f"{k} {v / self.total:.2%}"
                                          for k, v in self.missing.most_common(top))}
 
@@ -73,6 +81,17 @@ class _Forms:
         self.cat = catalogue
         self.modelled = set(modelled)
         self.cache: dict[str, list[str]] = {}
+        self.fams = transition.families(catalogue.df)
+        self.mix_cache: dict[str, bool] = {}
+
+    def mixes(self, hexes: str) -> bool:
+        """Whether the block holds legacy-SSE and 256-bit AVX forms both."""
+        hit = self.mix_cache.get(hexes)
+        if hit is None:
+            hit = self.mix_cache[hexes] = transition.mixes(
+                (self.cat.by_key.get(x86.form_key(ins), "")
+                 for ins in x86.decode_all(bytes.fromhex(hexes))), self.fams)
+        return hit
 
     def why(self, form: str, code: str) -> str:
         if not form:
@@ -116,7 +135,7 @@ def corpus_coverage(sources: Mapping[str, Path], catalogue: Catalogue,
     for name, path in sources.items():
         cov = Coverage(name)
         for hexes, freq in read_corpus(path):
-            cov.add(freq, forms.missing(hexes))
+            cov.add(freq, forms.missing(hexes), forms.mixes(hexes))
         out.append(cov)
     return out
 
@@ -138,7 +157,9 @@ def suite_coverage(blocks: pd.DataFrame, counts: pd.DataFrame,
             hexes = hexes[:-1]  # the block as every analyzer sees it
         cov = out.setdefault(b.benchmark, Coverage(b.benchmark))
         # a block that never runs weighs nothing (it still counts as a block predicted or not)
-        cov.add(n * len(hexes), forms.missing("".join(hexes)) if hexes else [])
+        code = "".join(hexes)
+        cov.add(n * len(hexes), forms.missing(code) if hexes else [],
+                forms.mixes(code) if hexes else False)
     return [out[k] for k in sorted(out)]
 
 
@@ -151,4 +172,6 @@ def summary(items: list[Coverage]) -> Coverage:
         total.blocks += c.blocks
         total.blocks_covered += c.blocks_covered
         total.missing.update(c.missing)
+        total.mixing_blocks += c.mixing_blocks
+        total.mixing_weight += c.mixing_weight
     return total

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from cpumap.evaluate.coverage import Coverage  # noqa: E402
 from cpumap.store.files import write_text_atomic  # noqa: E402
 
 __all__ = ["Section", "build_report", "figure_html", "fragment_section", "table_html",
@@ -320,6 +321,25 @@ def build_report(*, title: str, header: Mapping[str, str], metrics: pd.DataFrame
 def write_report(path: str | Path, **kwargs) -> Path:
     """Build the report (see :func:`build_report`) and write it atomically."""
     return write_text_atomic(build_report(**kwargs), path)
+
+
+def sse_avx_note(mixing: Coverage, probe: Mapping) -> str:
+    """One paragraph on the blocks that mix legacy SSE and 256-bit AVX (``mixing``: a
+    :class:`cpumap.evaluate.coverage.Coverage` of the suite) and what a switch costs on this
+    host (``probe``: the catalogue stage's transition probe)."""
+    if not probe.get("probed"):
+        cost = f"not probed ({esc(str(probe.get('reason', '')))})"
+    elif probe.get("penalty"):
+        cost = (f"{float(probe['cycles_per_switch']):.0f} cycles per switch, measured "
+                f"({esc(str(probe.get('sse_form')))} with {esc(str(probe.get('avx_form')))}); "
+                "the model adds it per switch of the block's order")
+    else:
+        cost = (f"no penalty measured ({esc(str(probe.get('sse_form')))} with "
+                f"{esc(str(probe.get('avx_form')))} ran at the speed of their parts)")
+    share = mixing.mixing_weight / mixing.total if mixing.total > 0 else 0.0
+    return (f"Blocks mixing legacy-SSE and 256-bit AVX forms: {mixing.mixing_blocks} of "
+            f"{mixing.blocks} ({100 * share:.1f} % of the executed instructions). "
+            f"SSE/AVX switches on this host: {cost}.")
 
 
 def residency_note(summary: Mapping) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cpumap.isa import transition
 from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
 from cpumap.model import resmodel, validation
@@ -184,10 +185,19 @@ class StageJob:
 
 
 def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], state: Path,
-              plan: Path, batch_size: int) -> None:
-    """Checkpoint palmed_pairs: singletons (missing ones measured), the pairs' plan."""
-    b = Build.start(forms, job.measure, job.cfg, job.log)
+              plan: Path, batch_size: int, sse_avx: Mapping[str, Any] | None = None) -> None:
+    """Checkpoint palmed_pairs: singletons (missing ones measured), the pairs' plan.
+
+    ``sse_avx``: the transition probe's record (``cpumap.measure.transition``); with a
+    penalty, no Palmed kernel mixes legacy-SSE and 256-bit AVX forms, and the model carries
+    the cost per switch for its predictions."""
+    penalty = bool(sse_avx and sse_avx.get("penalty"))
+    apart = transition.families(job.measurer.forms) if penalty else {}
+    b = Build.start(forms, job.measure, job.cfg, job.log, apart)
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
+    if sse_avx is not None:
+        b.info["sse_avx_transition"] = {
+            "penalty": penalty, "cycles_per_switch": float(sse_avx.get("cycles_per_switch", 0.0))}
     job.plan(b.pair_kernels(), batch_size, plan)
     job.save(b, state)
 
@@ -224,6 +234,9 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     left = b.info.get("not_modelled", {})
     stats["approximate"] = add_chain_forms(model, left, job.measure, job.log)
     stats["approximate"] |= add_decomposed_forms(model)
+    if "sse_avx_transition" in b.info:
+        model.provenance["sse_avx_transition"] = dict(b.info["sse_avx_transition"]) | {
+            "families": {f: fam for f, fam in sorted(b.apart.items()) if f in model.rho}}
     job.record(b)
     stats["not_modelled"] = {f: r for f, r in left.items() if f not in stats["approximate"]}
     # kernels each Palmed job measured itself when it last ran (the pairs and mapping kernels
@@ -306,7 +319,9 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
     with ``repeat``, the first ``repeat`` of them measured again in a batch of their own:
     ``run_to_run`` is the RMS relative difference of IPC between the two measurements, the
     floor that no model's error on the same kernels can be expected to go under."""
-    kernels = validation.random_kernels(forms, count, seed)
+    # where the host pays for switching between legacy SSE and 256-bit AVX, the held-out
+    # kernels keep them apart too: the throughput model is what is validated
+    kernels = validation.random_kernels(forms, count, seed, apart=model.sse_avx[0])
     table = validation.validate(model, kernels,
                               lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"))
     metrics = validation.metrics(table)

@@ -37,7 +37,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cpumap.measure.asmgen import parse_canonical
+from cpumap.isa import transition
+from cpumap.measure.asmgen import interleave, parse_canonical
 from cpumap.store.files import write_json_atomic
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ __all__ = [
     "predict",
     "resource_labels",
     "save",
+    "switching",
 ]
 
 FORMAT = "cpumap-resource-model"
@@ -78,6 +80,16 @@ class ResourceModel:
     def approximate(self) -> dict[str, str]:
         """Forms modelled only approximately (dependence chains), each with why."""
         return dict(self.provenance.get("approximate") or {})
+
+    @property
+    def sse_avx(self) -> tuple[dict[str, str], float]:
+        """(form -> family of the forms kept apart, cycles per switch) where the host was
+        measured to pay for switching between legacy SSE and 256-bit AVX
+        (``cpumap.measure.transition``); ({}, 0.0) where it does not."""
+        rec = self.provenance.get("sse_avx_transition") or {}
+        if not rec.get("penalty"):
+            return {}, 0.0
+        return dict(rec.get("families") or {}), float(rec.get("cycles_per_switch", 0.0))
 
     def validate(self) -> None:
         """Raise ValueError on unknown resources, negative or non-finite uses."""
@@ -301,3 +313,17 @@ def load(path: str | Path) -> ResourceModel:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{p}: not valid JSON: {exc}") from exc
     return ResourceModel.from_dict(obj, str(p))
+
+
+def switching(model: ResourceModel, kernel: Mapping[str, int] | str,
+              sequence: Iterable[str] | None = None) -> tuple[int, float]:
+    """(switches between legacy SSE and 256-bit AVX per instance, their cycles) of a kernel
+    run as a loop body: in ``sequence``'s order (a real block), else in the order the
+    generator lays a multiset out (``asmgen.interleave``, what ``cpumap measure`` runs).
+    (0, 0.0) on a host without the penalty: the resource bound is then the prediction."""
+    fams, cost = model.sse_avx
+    if not fams:
+        return 0, 0.0
+    k = parse_canonical(kernel) if isinstance(kernel, str) else dict(kernel)
+    n = transition.switches(list(sequence) if sequence is not None else interleave(k), fams)
+    return n, n * cost

@@ -16,13 +16,16 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
+from cpumap.isa import transition
 from cpumap.measure import asmgen
 from cpumap.model import resmodel
 
 
 def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: int = 5,
-                   max_mult: int = 4) -> list[str]:
-    """``count`` distinct kernels (canonical texts) of 1..max_distinct forms, deterministic."""
+                   max_mult: int = 4, apart: Mapping[str, str] | None = None) -> list[str]:
+    """``count`` distinct kernels (canonical texts) of 1..max_distinct forms, deterministic;
+    none mixing the families of ``apart`` (``cpumap.isa.transition``: the host's SSE/AVX
+    switching penalty, which no throughput model is meant to predict)."""
     rng = random.Random(seed)
     pool = sorted(forms)
     out: dict[str, None] = {}
@@ -31,6 +34,8 @@ def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: in
         attempts += 1
         k = rng.randint(1, min(max_distinct, len(pool)))
         kernel = {f: rng.randint(1, max_mult) for f in rng.sample(pool, k)}
+        if apart and transition.mixes(kernel, apart):
+            continue
         out.setdefault(asmgen.canonical(kernel), None)
     return list(out)
 

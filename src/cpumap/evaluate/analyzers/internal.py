@@ -72,6 +72,13 @@ class ModelAnalyzer:
                       for f in sorted(k) if f in self.model.approximate]
             kept = {f: n for f, n in k.items() if f in self.model.rho}
             cycles, _ = resmodel.predict(self.model, kept) if kept else (0.0, None)
+            # a host that pays for switching between legacy SSE and 256-bit AVX: the block's
+            # own switches (in its order, run as a loop) at the measured cost
+            switches, extra = resmodel.switching(self.model, kept, b.forms)
+            if switches:
+                cycles += extra
+                notes.append(f"{switches} SSE/AVX switches per iteration: {extra:.1f} cycles "
+                             "added (the cost measured on this host)")
             out[b.key] = Result(cycles=float(cycles), seconds=time.monotonic() - t0,
                                 error=("approximate: " + "; ".join(notes)) if notes else "")
         return out

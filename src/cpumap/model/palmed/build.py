@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cpumap.isa import transition
+from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import PalmedConfig
 from cpumap.model.palmed.core import Core, fit_core
 from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
@@ -91,12 +93,34 @@ class Build:
     done: list[str] = field(default_factory=list)
     #: the caller's notes, carried from stage to stage (e.g. the forms left out and why)
     info: dict[str, Any] = field(default_factory=dict)
+    #: form -> family (legacy SSE or 256-bit AVX, cpumap.isa.transition) of the forms no
+    #: kernel may mix, where the host pays a penalty per switch between them; else empty
+    apart: dict[str, str] = field(default_factory=dict)
+    #: kernels never measured because they mix the families of ``apart`` (failed for the LPs)
+    avoided: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ measuring
 
+    def _keep_apart(self, kernels: Sequence[str]) -> list[str]:
+        """``kernels`` without those that mix the families of ``apart``: they are known as
+        NaN from now on, as failed kernels are (no LP uses them, no stage asks again). Their
+        time would be the host's switching penalty, hundreds of cycles that no resource
+        explains, not their forms' throughput."""
+        if not self.apart:
+            return list(kernels)
+        keep = []
+        for k in kernels:
+            if transition.mixes(parse_canonical(k), self.apart):
+                if k not in self.meas:
+                    self.meas[k] = math.nan
+                    self.avoided.append(k)
+            else:
+                keep.append(k)
+        return keep
+
     def run(self, stage: str, kernels: Sequence[str], measure: Measure, log: Log) -> None:
         """Measure the kernels of ``kernels`` not known yet, as one round of ``stage``."""
-        todo = sorted({k for k in kernels if k not in self.meas})
+        todo = sorted({k for k in self._keep_apart(kernels) if k not in self.meas})
         if todo:
             self.calls[stage] = self.calls.get(stage, 0) + 1
             self._store(todo, measure(list(todo)))
@@ -133,10 +157,12 @@ class Build:
 
     @classmethod
     def start(cls, forms: Sequence[str], measure: Measure, config: PalmedConfig | None = None,
-              log: Log = _nolog) -> Build:
-        """Stage 1: every form alone; forms whose singleton failed are dropped."""
+              log: Log = _nolog, apart: Mapping[str, str] | None = None) -> Build:
+        """Stage 1: every form alone; forms whose singleton failed are dropped. ``apart``:
+        the families of forms no kernel may mix (see the field)."""
         t0 = time.perf_counter()
-        b = cls(config=config or PalmedConfig(), forms=sorted(set(forms)))
+        b = cls(config=config or PalmedConfig(), forms=sorted(set(forms)),
+                apart={f: fam for f, fam in sorted((apart or {}).items()) if f in set(forms)})
         b.run("singletons", singleton_kernels(b.forms), measure, log)
         ok = [f for f in b.forms if math.isfinite(b.meas[_text({f: 1})])]
         b.dropped = [f for f in b.forms if f not in ok]
@@ -151,8 +177,8 @@ class Build:
         """The balanced pairs stage 2 measures (those not known yet)."""
         s = self.singletons
         cand_t = {f: s[f] for f in self.candidates}
-        return [k for k in select_pairs(cand_t, max_mult=self.config.max_mult, probes=probes)
-                if k not in self.meas]
+        pairs = select_pairs(cand_t, max_mult=self.config.max_mult, probes=probes)
+        return [k for k in self._keep_apart(pairs) if k not in self.meas]
 
     def pairs(self, measure: Measure, log: Log = _nolog,
               probes: Sequence[str] | None = None) -> None:
@@ -201,7 +227,8 @@ class Build:
     def mapping_kernels(self) -> list[str]:
         """The kernels stages 5-6 measure (those not known yet)."""
         sat, mixes = self._mapping_sets()
-        return sorted(k for k in set(sat) | set(mixes) if k not in self.meas)
+        return sorted(k for k in self._keep_apart(sorted(set(sat) | set(mixes)))
+                      if k not in self.meas)
 
     def mapping(self, measure: Measure, log: Log = _nolog) -> None:
         self._need("mapping")
@@ -274,6 +301,7 @@ class Build:
         stats = {"kernels": dict(self.counts), "total_kernels": sum(self.counts.values()),
                  "measure_rounds": dict(self.calls), "n_forms": len(self.forms),
                  "failed_kernels": len(self.failed), "failed_singletons": self.dropped,
+                 "kernels_kept_apart": len(self.avoided),
                  "n_pair_forms": len(self.candidates), "lp": dict(self.lp),
                  "wall_seconds": dict(self.wall), "n_resources": len(names),
                  "n_core_resources": core.n_resources, "n_basic": len(basic.basic),
@@ -297,7 +325,7 @@ class Build:
                 "calls": self.calls, "wall_seconds": self.wall, "lp": self.lp,
                 "dropped": self.dropped, "candidates": self.candidates,
                 "basic": self.basic.as_dict() if self.basic else None, "core": core,
-                "info": self.info}
+                "info": self.info, "apart": self.apart, "avoided": self.avoided}
 
     def save(self, path: Path) -> None:
         write_json_atomic(self.as_dict(), path)
@@ -330,23 +358,25 @@ class Build:
                 wall=dict(d["wall_seconds"]), lp=dict(d["lp"]), dropped=list(d["dropped"]),
                 candidates=list(d["candidates"]),
                 basic=Basic(**d["basic"]) if d["basic"] else None, core=core,
-                done=list(d["done"]), info=dict(d["info"]))
+                done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})))
         kernels = [k for stage in d["asked"].values() for k in stage]
         if kernels:
             b._store(kernels, measure(kernels))
+        b._keep_apart(d.get("avoided", []))
         return b
 
 
 def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig | None = None,
                 log: Log = _nolog, probes: Sequence[str] | None = None,
                 provenance: Mapping[str, Any] | None = None,
+                apart: Mapping[str, str] | None = None,
                 ) -> tuple[ResourceModel, dict[str, Any]]:
     """Run every stage against ``measure`` in this process; return the model and statistics.
 
     ``stats``: kernels measured per stage (``kernels``), measurement rounds, LP solves and
     seconds per fitting stage (``lp``), wall seconds per stage.
     """
-    b = Build.start(forms, measure, config, log)
+    b = Build.start(forms, measure, config, log, apart)
     b.pairs(measure, log, probes)
     b.classes(log)
     b.core_mapping(measure, log)

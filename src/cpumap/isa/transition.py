@@ -1,0 +1,71 @@
+"""Legacy-SSE and 256-bit AVX forms in one instruction stream: which forms are which, and how
+many switches between the two a loop body makes.
+
+On Zen 2 and Zen 3 (AMD's software optimisation guide; measured on a Milan guest: ``ADDPD xmm``
+x 4 with one ``VSHUFPD ymm`` 344 cycles per instance, its parts 0.5 each) a legacy-SSE
+instruction after a VEX.256 one, with the upper halves of the ymm registers dirty, and the
+VEX.256 instruction after it take a micro-fault each that saves or restores the upper halves.
+On Zen 4 the same kernel runs at its parts' speed (2.2 cycles). No resource model of
+multisets can express it: it depends on the order of the instructions, and its cost is a
+hundred times an instruction's. So the catalogue stage measures it on the host
+(:mod:`cpumap.measure.transition`); where it exists, the model never mixes the two families
+in a kernel and predictions add the measured cost per switch.
+
+A form's family comes from the catalogue's encoding and register operands: ``sse`` for a
+legacy-encoded form with an xmm register, ``avx`` for a VEX or EVEX form with a ymm or zmm
+register (it leaves the upper halves dirty). Everything else (general-purpose, VEX.128 forms
+that zero the upper halves, MMX, x87) is in neither and never switches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+SSE = "sse"
+AVX = "avx"
+
+
+def operands(value: Any) -> list[dict[str, Any]]:
+    """A catalogue row's operand list (stored as JSON text; empty for none)."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else []
+    return list(value or [])
+
+
+def family(encoding: str, ops: Any) -> str | None:
+    """``sse``, ``avx`` or None for a catalogue row's ``encoding`` and ``operands`` (``ops``)."""
+    widths = {int(o.get("width", 0)) for o in operands(ops)
+              if o.get("kind") == "reg" and o.get("cls") == "VEC"}
+    if encoding == "LEGACY" and 128 in widths:
+        return SSE
+    if encoding in ("VEX", "EVEX") and any(w >= 256 for w in widths):
+        return AVX
+    return None
+
+
+def families(forms: Any) -> dict[str, str]:
+    """Form name -> family of every catalogue row (a DataFrame with ``name``, ``encoding``,
+    ``operands``) in one of the two families."""
+    out = {}
+    for name, encoding, operands in zip(forms["name"], forms["encoding"], forms["operands"],
+                                        strict=True):
+        fam = family(str(encoding), operands)
+        if fam is not None:
+            out[str(name)] = fam
+    return out
+
+
+def switches(sequence: Sequence[str], fams: Mapping[str, str]) -> int:
+    """Switches between the families in ``sequence`` (form names) executed as a loop body:
+    the last instruction of one iteration is followed by the first of the next."""
+    seq = [fams[f] for f in sequence if f in fams]
+    if not seq:
+        return 0
+    return sum(1 for a, b in zip(seq, seq[1:] + seq[:1], strict=True) if a != b)
+
+
+def mixes(forms: Iterable[str], fams: Mapping[str, str]) -> bool:
+    """Whether forms of both families are among ``forms``."""
+    return len({fams[f] for f in forms if f in fams}) > 1
