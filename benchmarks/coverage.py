@@ -97,9 +97,9 @@ def main() -> int:
         weight = sum(c.total for c in apps)
         print("missing (share of all applications' weight): " + "; ".join(
             f"{k} {v / weight:.2%}" for k, v in total.missing.most_common(args.top)))
+        mixing = ", ".join(f"{c.name} {c.mixing_blocks}" for c in apps if c.mixing_blocks)
         print(f"blocks mixing legacy SSE and 256-bit AVX: {total.mixing_blocks} of "
-              f"{total.blocks} (" + ", ".join(f"{c.name} {c.mixing_blocks}" for c in apps)
-              + ")")
+              f"{total.blocks}" + (f" ({mixing})" if mixing else ""))
     else:
         print(f"\n== corpus: {args.corpus} not found (give --corpus)")
     return 0
