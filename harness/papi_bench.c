@@ -30,6 +30,12 @@
  * is abandoned with siglongjmp, reported as a `fail` line, and the batch goes on.  Anything
  * worse (the process dies) is handled by the Python supervisor, which restarts us with --start.
  *
+ * --map-pages N (basic blocks measured as written, BHive's method): a kernel that touches an
+ * unmapped user page gets it mapped, up to N pages per kernel, all onto one shared physical
+ * page (so whatever the block's registers point at stays L1-resident), and the instruction is
+ * retried; the pages are unmapped when the kernel is done and reported on a `pages` line.
+ * One more than N pages, a kernel-space or low address, or a protection fault stays a SIGSEGV.
+ *
  * Output (stdout, tab separated, flushed after every kernel): see CONTRACTS "Harness CLI".
  * Exit status: 0 batch ran (even with failed kernels), 2 usage error, 3 .so cannot be loaded.
  */
@@ -46,6 +52,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -103,8 +111,53 @@ static void calibrate(const char *when, uint64_t adds)
 static sigjmp_buf kernel_jmp;
 static volatile sig_atomic_t in_kernel; /* 1 only while a kernel (or its timer) may be running */
 
-static void on_signal(int sig)
+/* ---------------------------------------------------------------- pages mapped on demand */
+
+#define PAGE_BYTES 4096UL
+#define MAP_LOW 0x10000UL           /* below: vm.mmap_min_addr, never mapped */
+#define MAP_HIGH 0x7ffffffff000UL   /* the top of user space */
+static long map_limit;              /* --map-pages: pages a kernel may have mapped, 0: off */
+static int sandbox_fd = -1;         /* the one physical page every mapped page shows */
+static uintptr_t *mapped;           /* pages mapped for the kernel in flight */
+static volatile sig_atomic_t n_mapped, map_refused;
+
+/* Map the page of `addr` for the kernel in flight; 0 when it may not or cannot be. Raw
+ * system calls: this runs in the SIGSEGV handler. */
+static int map_page(const void *addr)
 {
+    uintptr_t page = (uintptr_t)addr & ~(PAGE_BYTES - 1);
+    if (map_limit == 0 || page < MAP_LOW || page >= MAP_HIGH)
+        return 0;
+    if (n_mapped >= map_limit) {
+        map_refused = 1;
+        return 0;
+    }
+    long r = syscall(SYS_mmap, page, PAGE_BYTES, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_FIXED_NOREPLACE, sandbox_fd, 0L);
+    if (r != (long)page) {
+        if (r != -1) /* an old kernel took NOREPLACE as a hint and mapped elsewhere */
+            syscall(SYS_munmap, r, PAGE_BYTES);
+        return 0;
+    }
+    mapped[n_mapped] = page;
+    n_mapped = n_mapped + 1;
+    return 1;
+}
+
+static void unmap_pages(void)
+{
+    for (long i = 0; i < n_mapped; i++)
+        munmap((void *)mapped[i], PAGE_BYTES);
+    n_mapped = 0;
+    map_refused = 0;
+}
+
+static void on_signal(int sig, siginfo_t *si, void *uctx)
+{
+    (void)uctx;
+    if (sig == SIGSEGV && in_kernel && si != NULL && si->si_code == SEGV_MAPERR &&
+        map_page(si->si_addr))
+        return; /* retry the instruction on the page just mapped */
     if (in_kernel) {
         in_kernel = 0;
         siglongjmp(kernel_jmp, sig);
@@ -137,8 +190,8 @@ static void install_handlers(void)
         perror("papi_bench: sigaltstack");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_ONSTACK;
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_ONSTACK | SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     const int sigs[] = {SIGSEGV, SIGILL, SIGFPE, SIGBUS, SIGTRAP, SIGALRM};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
@@ -339,7 +392,8 @@ static _Noreturn void usage(void)
     fputs("usage: papi_bench --so PATH --reps K --warmup W [--cpu C] [--timeout-ms T]\n"
           "                  [--start I] [--count N] [--clock auto|tsc|papi] [--calib-adds N]\n"
           "                  [--call-us US] [--max-reps M] [--stable-ppm P] [--budget-ms B]\n"
-          "                  [--calib-every E] [--kcalib-adds N] [--kernels I,J,...]\n",
+          "                  [--calib-every E] [--kcalib-adds N] [--kernels I,J,...]\n"
+          "                  [--map-pages N]\n",
           stderr);
     exit(2);
 }
@@ -412,7 +466,7 @@ int main(int argc, char **argv)
         {"max-reps", required_argument, 0, 'M'},    {"stable-ppm", required_argument, 0, 'S'},
         {"budget-ms", required_argument, 0, 'B'},   {"calib-every", required_argument, 0, 'E'},
         {"kcalib-adds", required_argument, 0, 'K'}, {"kernels", required_argument, 0, 'L'},
-        {0, 0, 0, 0}};
+        {"map-pages", required_argument, 0, 'P'},   {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -432,6 +486,7 @@ int main(int argc, char **argv)
         case 'E': calib_every = parse_num("calib-every", optarg, 1); break;
         case 'K': kcalib_adds = parse_num("kcalib-adds", optarg, CALIB_UNROLL); break;
         case 'L': list_opt = optarg; break;
+        case 'P': map_limit = (long)parse_num("map-pages", optarg, 0); break;
         default: usage(); /* getopt_long already said what was wrong */
         }
     }
@@ -517,6 +572,14 @@ int main(int argc, char **argv)
         fputs("papi_bench: out of memory\n", stderr);
         return 1;
     }
+    if (map_limit > 0) {
+        sandbox_fd = memfd_create("cpumap-sandbox", 0);
+        mapped = calloc((size_t)map_limit, sizeof *mapped);
+        if (sandbox_fd < 0 || ftruncate(sandbox_fd, (off_t)PAGE_BYTES) != 0 || mapped == NULL) {
+            perror("papi_bench: --map-pages");
+            return 1;
+        }
+    }
     install_handlers();
 
     printf("clock\t%s\t%s\n", papi ? "papi" : "tsc-calibrated", papi ? "counted" : "derived");
@@ -546,8 +609,12 @@ int main(int argc, char **argv)
         int stable = 0;
         int sig = run_kernel(k, arena, &pl, (long)warmup, (long)timeout_ms, papi, samples,
                              scratch, &iters_used, &n_used, &stable);
+        long pages = n_mapped;
+        int refused = map_refused;
+        unmap_pages();
         if (sig != 0) {
-            printf("fail\t%llu\t%s\t%s\n", (unsigned long long)i, id, signal_name(sig));
+            printf("fail\t%llu\t%s\t%s%s\n", (unsigned long long)i, id, signal_name(sig),
+                   refused ? " (needs more pages than --map-pages)" : "");
             n_failed++;
         } else {
             printf("iters\t%llu\t%llu\n", (unsigned long long)i, (unsigned long long)iters_used);
@@ -558,6 +625,8 @@ int main(int argc, char **argv)
                        (unsigned long long)s->ticks2, s->cycles1, s->cycles2, s->insns1,
                        s->insns2, s->cal1, s->cal2);
             }
+            if (map_limit > 0)
+                printf("pages\t%llu\t%ld\n", (unsigned long long)i, pages);
             printf("end\t%llu\t%ld\t%d\t%llu\n", (unsigned long long)i, n_used, stable,
                    (unsigned long long)(pl.calib_iters * CALIB_UNROLL));
             n_ok++;

@@ -22,7 +22,7 @@ import pandas as pd
 
 from cpumap.isa.catalogue import host_flags
 from cpumap.isa.x86 import FormSpec
-from cpumap.measure import asmgen, estimate, harness
+from cpumap.measure import asmgen, blockgen, estimate, harness
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
@@ -71,6 +71,8 @@ class Prepared:
     metas: list[dict]
     monitor: bool
     unmeasurable: dict[str, str]
+    #: pages the harness maps on demand per kernel (blocks measured as written), 0: none
+    map_pages: int = 0
 
     def save(self, path: Path | str) -> None:
         Path(path).write_text(json.dumps(dataclasses.asdict(self)))
@@ -122,6 +124,26 @@ def prepare_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
                     [dataclasses.asdict(m) for m in metas], monitor, unmeasurable)
 
 
+def prepare_blocks(codes: list[bytes], catalogue, machine: dict, bench: BenchSettings | Mapping,
+                   so: Path, progress: Callable[[str], None] | None = None) -> Prepared:
+    """Basic blocks (machine code) measured as written (:mod:`cpumap.measure.blockgen`):
+    compiled into the shared object ``so``; the blocks that cannot run as written are
+    ``unmeasurable`` with the reason. Kernel texts are ``BLOCK:<hex>``."""
+    say = progress or (lambda _m: None)
+    bench = bench_settings(bench)
+    blocks = [blockgen.prepare(c, catalogue) for c in dict.fromkeys(codes)]
+    good = [b for b in blocks if not b.error]
+    metas: list[asmgen.KernelMeta] = []
+    if good:
+        t0 = time.monotonic()
+        asm, metas = blockgen.generate_batch(good, bench.gen_params, host_flags(machine))
+        asmgen.compile_batch(asm, Path(so))
+        say(f"{Path(so).stem}: generated and compiled {len(good)} blocks in "
+            f"{time.monotonic() - t0:.1f} s")
+    return Prepared(str(so), [b.text for b in good], [dataclasses.asdict(m) for m in metas],
+                    False, {b.text: b.error for b in blocks if b.error}, blockgen.MAP_PAGES)
+
+
 def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mapping,
                      harness_bin: Path, batch_id: str,
                      progress: Callable[[str], None] | None = None,
@@ -140,7 +162,8 @@ def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mappi
     rows: list[dict] = []
     for canon, err in prep.unmeasurable.items():
         if asmgen.kernel_id(canon) not in skip:
-            n = sum(asmgen.parse_canonical(canon).values())
+            n = blockgen.n_insns(canon) if blockgen.is_block(canon) else \
+                sum(asmgen.parse_canonical(canon).values())
             rows.append(_failed_row(machine_id, batch_id, params, canon, n, err, now))
     metas = prep.kernel_metas()
     skipped = [m.index for m in metas if m.kernel_id in skip
@@ -155,7 +178,7 @@ def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mappi
         say(f"{batch_id}: measuring {len(todo)} kernels in {bench.rounds} rounds (more, up "
             f"to {bench.max_rounds}, for unsettled ones)")
         results = _rounds(Path(prep.so), len(metas), todo, metas, bench, harness_bin,
-                          batch_id, prep.monitor, say)
+                          batch_id, prep.monitor, say, prep.map_pages)
         rows += rows_from_rounds(results, metas, machine_id, batch_id, params, now,
                                  monitor_index=0 if prep.monitor else None)
     df = pd.DataFrame(rows)
@@ -181,7 +204,7 @@ def measure_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
 
 def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.KernelMeta],
             bench: BenchSettings, harness_bin: Path, batch_id: str, monitor: bool,
-            say: Callable[[str], None]) -> list[harness.BatchResult]:
+            say: Callable[[str], None], map_pages: int = 0) -> list[harness.BatchResult]:
     """The harness's passes over the batch: ``bench.rounds``, then more (up to
     ``bench.max_rounds``) for the kernels still unsettled, each pass at least
     ``bench.round_gap_ms`` after the previous one started."""
@@ -206,7 +229,8 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
             time.sleep(max(0.0, started[-1] + bench.round_gap_ms / 1000 - time.monotonic()))
         started.append(time.monotonic())
         results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
-                                         progress=tick, indices=todo, **bench.harness_args()))
+                                         progress=tick, indices=todo, map_pages=map_pages,
+                                         **bench.harness_args()))
         runs["before"] += len(todo)
         if len(results) < rounds:
             continue

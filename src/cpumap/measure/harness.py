@@ -168,6 +168,7 @@ class _Segment:
     calib_before: float | None = None
     calib_after: float | None = None
     iters: dict[int, int] = field(default_factory=dict)  # iterations used, when reported
+    pages: dict[int, int] = field(default_factory=dict)  # pages mapped on demand (--map-pages)
     rows: list[dict[str, Any]] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)  # rows of the kernel in flight
     failures: dict[int, str] = field(default_factory=dict)
@@ -222,6 +223,11 @@ class _Parser:
                 if n < 1:
                     raise ValueError("iterations must be positive")
                 seg.iters[index] = n
+            elif kind == "pages" and len(f) == 3:
+                index, n = self._in_flight(f[1]), int(f[2])
+                if n < 0:
+                    raise ValueError("pages must not be negative")
+                seg.pages[index] = n
             elif kind == "row" and len(f) == 12:
                 self._row(f)
             elif kind == "end" and len(f) == 5:
@@ -317,6 +323,8 @@ def _assign_ratios(seg: _Segment, fallback: float) -> None:
             row["calib_ratio"] = k_ratio if math.isfinite(k_ratio) else fallback
             if index in seg.iters:
                 row["iters"] = seg.iters[index]
+            if index in seg.pages:
+                row["pages"] = seg.pages[index]
 
 
 def _run_segment(cmd: list[str], seg: _Segment, reps: int, max_reps: int, watchdog_s: float,
@@ -387,6 +395,7 @@ def run_batch(
     calib_every: int = 8,
     kcalib_adds: int = 20_000,
     indices: Sequence[int] | None = None,
+    map_pages: int = 0,
 ) -> BatchResult:
     """Measure kernels 0..n_kernels-1 of a batch .so; survive kernels that kill the harness.
 
@@ -398,7 +407,9 @@ def run_batch(
     silent for 2 * timeout_s + watchdog_margin_s is killed and its kernel in flight recorded as
     a "hang".  progress(n_finished) is called after each kernel, measured or failed.
     cpu None lets the harness pick the last CPU this process may run on. ``indices`` measures
-    only those kernels of the batch, in that order (default: all of them).
+    only those kernels of the batch, in that order (default: all of them). ``map_pages`` > 0
+    maps up to that many pages per kernel on demand (blocks measured as written: whatever
+    their registers point at); each row then has ``pages``, the pages its kernel needed.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
@@ -437,6 +448,8 @@ def run_batch(
         cmd += ["--max-reps", str(max(reps, max_reps)), "--stable-ppm",
                 str(round(stable_tol * 1e6)), "--budget-ms", str(round(budget_ms)),
                 "--calib-every", str(calib_every), "--kcalib-adds", str(kcalib_adds)]
+        if map_pages > 0:
+            cmd += ["--map-pages", str(int(map_pages))]
         returncode, silent_for, err = _run_segment(cmd, seg, reps, max_reps, watchdog_s,
                                                    on_kernel)
         if err:

@@ -1,0 +1,100 @@
+"""Basic blocks measured as written (BHive's method): hand-assembled blocks on this CPU.
+
+Physics: ``add %rax,%rbx; imul %rbx,%rbx`` carries a chain through RBX from one block to the
+next (add 1 cycle + imul 3 on Zen 3 and Zen 4), so as written it takes 4 cycles per block;
+the same two forms as a multiset (renamed registers, no chain) take about one cycle (one
+multiplier). ``mov 0x10(%rcx,%rdx,8),%rax; add %rax,%r8`` loads through base and index
+registers that point nowhere the harness mapped: its page is mapped on first touch, and the
+block then runs at its add chain's 1 cycle.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cpumap.measure import batch, blockgen, estimate, harness
+from cpumap.measure.settings import BenchSettings
+
+CHAIN = bytes.fromhex("4801c3480fafdb")         # add %rax,%rbx; imul %rbx,%rbx
+LOAD = bytes.fromhex("488b44d1104901c0")        # mov 0x10(%rcx,%rdx,8),%rax; add %rax,%r8
+DIV = bytes.fromhex("48f7f1")                   # div %rcx: RDX = RCX, the quotient overflows
+NULL = bytes.fromhex("48898000c0cdfd")          # mov %rax,-0x2324000(%rax): address 0
+CR0 = bytes.fromhex("0f20c0")                   # mov %cr0,%rax: privileged
+JNE = bytes.fromhex("4801c375fb")               # add %rax,%rbx; jne (control flow inside)
+RIP = bytes.fromhex("488b0500100000")           # mov 0x1000(%rip),%rax
+RSP = bytes.fromhex("4883ec08")                 # sub $8,%rsp
+PUSH = bytes.fromhex("50")                      # push %rax: moves RSP
+CPUID = bytes.fromhex("0fa2")                   # cpuid (the catalogue excludes it: VM exit)
+
+
+def test_blocks_that_cannot_run_as_written_say_why(catalogue):
+    ok = blockgen.prepare(CHAIN, catalogue)
+    assert ok.error == "" and ok.forms == ("ADD_R64_R64", "IMUL_R64_R64")
+    assert ok.att == ("add %rax,%rbx", "imul %rbx,%rbx") and ok.counter == "R15"
+    reasons = {code: blockgen.prepare(code, catalogue).error
+               for code in (CR0, JNE, RIP, RSP, PUSH, CPUID, b"\x48\x8b")}
+    assert "not in the catalogue" in reasons[CR0]
+    assert "control flow inside the block" in reasons[JNE]
+    assert "RIP-relative" in reasons[RIP]
+    assert "writes RSP" in reasons[RSP] and "writes RSP" in reasons[PUSH]
+    assert reasons[CPUID].startswith("cpuid: form CPUID excluded (")
+    assert "do not decode" in reasons[b"\x48\x8b"]
+
+
+def test_loop_counter_avoids_every_register_the_block_uses(catalogue):
+    # r15 and r14 are used: the counter is the next free one
+    code = bytes.fromhex("4d01fe")  # add %r15,%r14
+    assert blockgen.prepare(code, catalogue).counter == "R13"
+
+
+@pytest.fixture(scope="module")
+def measured(catalogue, host, tmp_path_factory):
+    work = tmp_path_factory.mktemp("blocks")
+    bench = BenchSettings()
+    hbin = harness.build_harness(work / "bin")
+    prep = batch.prepare_blocks([CHAIN, LOAD, DIV, NULL, CR0], catalogue, host, bench,
+                                work / "blocks.so")
+    rows = batch.measure_prepared(prep, host, bench, hbin, "blocks-test")
+    agg = estimate.aggregate(rows[rows.status == "ok"], bench.stable_tol)
+    est = dict(zip(agg.kernel, agg.cycles_per_instance_est, strict=True))
+    failed = dict(zip(rows.kernel[rows.status != "ok"], rows.error[rows.status != "ok"],
+                      strict=True))
+    return prep, hbin, est, failed, rows
+
+
+def test_a_chain_as_written_runs_at_its_latency(measured):
+    _prep, _hbin, est, _failed, _rows = measured
+    assert est[blockgen.block_text(CHAIN)] == pytest.approx(4.0, rel=0.05)
+    assert est[blockgen.block_text(LOAD)] == pytest.approx(1.0, rel=0.05)
+
+
+def test_faulting_and_refused_blocks_fail_and_the_batch_goes_on(measured):
+    _prep, _hbin, est, failed, rows = measured
+    assert failed[blockgen.block_text(DIV)] == "SIGFPE"
+    assert failed[blockgen.block_text(NULL)] == "SIGSEGV"
+    assert "not in the catalogue" in failed[blockgen.block_text(CR0)]
+    assert set(est) == {blockgen.block_text(CHAIN), blockgen.block_text(LOAD)}
+    assert (rows.n_insns[rows.kernel == blockgen.block_text(CR0)] == 1).all()
+
+
+def test_the_page_a_block_loads_from_is_mapped_for_it(measured):
+    prep, hbin, _est, _failed, _rows = measured
+    res = harness.run_batch(prep.so, len(prep.kernels), reps=3, warmup=1, cpu=None,
+                            timeout_s=5, harness_bin=hbin, map_pages=blockgen.MAP_PAGES)
+    pages = {prep.kernels[r["index"]]: r["pages"] for r in res.rows}
+    assert pages[blockgen.block_text(LOAD)] == 1  # 0x2324000 * 9 + 0x10, one page
+    assert pages[blockgen.block_text(CHAIN)] == 0
+    assert json.dumps(res.failures) and set(res.failures.values()) == {"SIGFPE", "SIGSEGV"}
+
+
+def test_the_same_forms_as_a_multiset_run_without_the_chain(catalogue, host, tmp_path):
+    bench = BenchSettings()
+    hbin = harness.build_harness(tmp_path / "bin")
+    rows = batch.measure_batch(["ADD_R64_R64 IMUL_R64_R64"], catalogue.df, host, bench,
+                               tmp_path, hbin, "multiset-test")
+    agg = estimate.aggregate(rows[(rows.status == "ok") & (rows.role == "kernel")],
+                             bench.stable_tol)
+    # one multiplier: about a cycle, far from the chain's 4
+    assert agg.cycles_per_instance_est.iat[0] == pytest.approx(1.0, rel=0.1)
