@@ -35,6 +35,8 @@
  * page (so whatever the block's registers point at stays L1-resident), and the instruction is
  * retried; the pages are unmapped when the kernel is done and reported on a `pages` line.
  * One more than N pages, a kernel-space or low address, or a protection fault stays a SIGSEGV.
+ * The page holds the 64-bit value --map-fill everywhere, as BHive's does: a pointer the block
+ * loads from it points where the block's registers started, so pointer chases run too.
  *
  * Output (stdout, tab separated, flushed after every kernel): see CONTRACTS "Harness CLI".
  * Exit status: 0 batch ran (even with failed kernels), 2 usage error, 3 .so cannot be loaded.
@@ -117,6 +119,7 @@ static volatile sig_atomic_t in_kernel; /* 1 only while a kernel (or its timer) 
 #define MAP_LOW 0x10000UL           /* below: vm.mmap_min_addr, never mapped */
 #define MAP_HIGH 0x7ffffffff000UL   /* the top of user space */
 static long map_limit;              /* --map-pages: pages a kernel may have mapped, 0: off */
+static uint64_t map_fill;           /* --map-fill: the value every word of the page holds */
 static int sandbox_fd = -1;         /* the one physical page every mapped page shows */
 static uintptr_t *mapped;           /* pages mapped for the kernel in flight */
 static volatile sig_atomic_t n_mapped, map_refused;
@@ -142,6 +145,16 @@ static int map_page(const void *addr)
     mapped[n_mapped] = page;
     n_mapped = n_mapped + 1;
     return 1;
+}
+
+/* Every word of the shared page back to --map-fill: a kernel's stores must not become the
+ * next kernel's pointers. */
+static int refill_sandbox(void)
+{
+    static uint64_t fill[PAGE_BYTES / 8];
+    for (size_t w = 0; w < PAGE_BYTES / 8; w++)
+        fill[w] = map_fill;
+    return pwrite(sandbox_fd, fill, sizeof fill, 0) == (ssize_t)sizeof fill;
 }
 
 static void unmap_pages(void)
@@ -393,7 +406,7 @@ static _Noreturn void usage(void)
           "                  [--start I] [--count N] [--clock auto|tsc|papi] [--calib-adds N]\n"
           "                  [--call-us US] [--max-reps M] [--stable-ppm P] [--budget-ms B]\n"
           "                  [--calib-every E] [--kcalib-adds N] [--kernels I,J,...]\n"
-          "                  [--map-pages N]\n",
+          "                  [--map-pages N] [--map-fill V]\n",
           stderr);
     exit(2);
 }
@@ -466,7 +479,8 @@ int main(int argc, char **argv)
         {"max-reps", required_argument, 0, 'M'},    {"stable-ppm", required_argument, 0, 'S'},
         {"budget-ms", required_argument, 0, 'B'},   {"calib-every", required_argument, 0, 'E'},
         {"kcalib-adds", required_argument, 0, 'K'}, {"kernels", required_argument, 0, 'L'},
-        {"map-pages", required_argument, 0, 'P'},   {0, 0, 0, 0}};
+        {"map-pages", required_argument, 0, 'P'},   {"map-fill", required_argument, 0, 'F'},
+        {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -487,6 +501,7 @@ int main(int argc, char **argv)
         case 'K': kcalib_adds = parse_num("kcalib-adds", optarg, CALIB_UNROLL); break;
         case 'L': list_opt = optarg; break;
         case 'P': map_limit = (long)parse_num("map-pages", optarg, 0); break;
+        case 'F': map_fill = (uint64_t)parse_num("map-fill", optarg, 0); break;
         default: usage(); /* getopt_long already said what was wrong */
         }
     }
@@ -575,7 +590,7 @@ int main(int argc, char **argv)
     if (map_limit > 0) {
         sandbox_fd = memfd_create("cpumap-sandbox", 0);
         mapped = calloc((size_t)map_limit, sizeof *mapped);
-        if (sandbox_fd < 0 || ftruncate(sandbox_fd, (off_t)PAGE_BYTES) != 0 || mapped == NULL) {
+        if (sandbox_fd < 0 || mapped == NULL || !refill_sandbox()) {
             perror("papi_bench: --map-pages");
             return 1;
         }
@@ -604,6 +619,10 @@ int main(int argc, char **argv)
             continue;
         }
         fill_arena(arena, arena_bytes);
+        if (map_limit > 0 && !refill_sandbox()) {
+            perror("papi_bench: refilling the --map-pages page");
+            return 1;
+        }
         uint64_t iters_used = k->iters;
         long n_used = 0;
         int stable = 0;

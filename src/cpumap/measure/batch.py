@@ -230,6 +230,7 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
         started.append(time.monotonic())
         results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
                                          progress=tick, indices=todo, map_pages=map_pages,
+                                         map_fill=blockgen.BLOCK_INIT,
                                          **bench.harness_args()))
         runs["before"] += len(todo)
         if len(results) < rounds:

@@ -7,15 +7,18 @@ kernels). Unlike a multiset kernel (:mod:`cpumap.measure.asmgen`) nothing is ren
 block runs on whatever its registers hold; as BHive does, every general-purpose register
 but RSP starts each call at ``BLOCK_INIT`` and the harness maps every page the block touches
 on first fault onto one physical page (``--map-pages``), so loads through arbitrary base
-registers run, and hit L1. RSP points into the middle of the arena (a block's spills and
-locals land there); vector registers hold the arena's fill pattern (normal floats).
+registers run, and hit L1. RSP is set to ``STACK_INIT`` (mapped the same way) at the top of
+every loop iteration, so pushes, pops, LEAVE and RSP arithmetic run as written without
+walking the stack away (the reset costs the same in f1 and f2 and cancels); vector registers
+hold the arena's fill pattern (normal floats).
 
 A block is refused, with the reason, where running it as written here would measure
 something else or harm the harness: bytes that do not decode, an instruction whose form the
 catalogue lacks or excludes (the catalogue's reason: stack-pointer writes, privileged forms,
-VM exits...), control flow inside the block, RIP-relative memory (its target is not the
-block's data but our code), a write to RSP, or no general-purpose register left for the loop
-counter. Blocks that fault for other reasons (a divide error, a protection fault, more pages
+VM exits...; stack forms the generator cannot measure alone, PUSH, POP and LEAVE, are
+measured as written), control flow inside the block, RIP-relative memory (its target is not
+the block's data but our code), or no general-purpose register left for the loop counter.
+Blocks that fault for other reasons (a divide error, a protection fault, more pages
 than allowed) or hang are the harness's failures, recorded per block: one never stops its
 batch.
 """
@@ -34,6 +37,11 @@ from cpumap.measure.asmgen import GenParams, KernelMeta, batch_table, kernel_id
 #: Every general-purpose register but RSP, at each call's start (BHive's value): an address in
 #: user space whose pages are mapped on first touch.
 BLOCK_INIT = 0x2324000
+#: RSP at the top of every loop iteration: pages mapped on first touch, as the others.
+STACK_INIT = 0x2424000
+#: Forms the catalogue excludes because they move RSP, which run as written here (RSP is
+#: reset every iteration): their mnemonics.
+STACK_AS_WRITTEN = frozenset({"PUSH", "POP", "LEAVE"})
 #: Pages one block may have mapped for it (BHive maps them all onto one physical page too).
 MAP_PAGES = 4096
 #: Loop-counter candidates, preferred first (the block must use none of it).
@@ -41,8 +49,6 @@ _COUNTERS = ("R15", "R14", "R13", "R12", "R11", "R10", "R9", "R8", "RBP", "RBX",
              "RDX", "RCX", "RAX")
 _GPRS = ("RAX", "RCX", "RDX", "RBX", "RBP", "RSI", "RDI", "R8", "R9", "R10", "R11", "R12",
          "R13", "R14", "R15")
-_WRITES = {ix.OpAccess.WRITE, ix.OpAccess.COND_WRITE, ix.OpAccess.READ_WRITE,
-           ix.OpAccess.READ_COND_WRITE}
 
 
 PREFIX = "BLOCK:"
@@ -106,7 +112,7 @@ def prepare(code: bytes, catalogue) -> Block:
             return Block(code, att=att, error=f"{text}: {x86.CODE_NAMES[ins.code]} is not in "
                                               "the catalogue")
         row = catalogue.by_name[name]
-        if row.status != "ok":
+        if row.status != "ok" and row.mnemonic not in STACK_AS_WRITTEN:
             return Block(code, att=att, error=f"{text}: form {name} excluded ({row.reason})")
         if ins.is_ip_rel_memory_operand:
             return Block(code, att=att, error=f"{text}: RIP-relative memory (it would address "
@@ -114,10 +120,7 @@ def prepare(code: bytes, catalogue) -> Block:
         for u in factory.info(ins).used_registers():
             if not ix.RegisterExt.is_gpr(u.register):
                 continue
-            full = x86.REG_NAMES[ix.RegisterExt.full_register(u.register)]
-            if full == "RSP" and u.access in _WRITES:
-                return Block(code, att=att, error=f"{text}: writes RSP")
-            used.add(full)
+            used.add(x86.REG_NAMES[ix.RegisterExt.full_register(u.register)])
         forms.append(name)
     free = [r for r in _COUNTERS if r not in used]
     if not free:
@@ -148,7 +151,7 @@ def _function(label: str, block: Block, copies: int, params: GenParams,
         pro += [f"movdqu (%rsi), %xmm{i}" for i in range(16)]
     if "avx" in host_flags:
         pro.append("vzeroupper")  # the clean upper state compiled code starts from
-    pro += [f"mov %rdi, %{counter}", f"lea {params.arena_bytes // 2}(%rsi), %rsp"]
+    pro.append(f"mov %rdi, %{counter}")
     pro += [f"movabs ${BLOCK_INIT:#x}, %{r.lower()}" for r in _GPRS if r != block.counter]
     epi = ["mov cpumap_saved_rsp(%rip), %rsp"]
     if "avx" in host_flags:
@@ -160,7 +163,7 @@ def _function(label: str, block: Block, copies: int, params: GenParams,
         body += [f"    .byte {', '.join(f'0x{h[i:i + 2]}' for i in range(0, len(h), 2))}"
                  f"  # {a}" for h, a in zip(block.hexes, block.att, strict=True)]
     lines = ["    .p2align 6", f"{label}:"] + [f"    {x}" for x in pro]
-    lines += ["    .p2align 6", f"{label}_loop:"] + body
+    lines += ["    .p2align 6", f"{label}_loop:", f"    mov ${STACK_INIT:#x}, %rsp"] + body
     lines += [f"    dec %{counter}", f"    jnz {label}_loop"] + [f"    {x}" for x in epi]
     return lines, len(pro) + len(epi)
 
@@ -182,7 +185,7 @@ def generate_batch(blocks: Sequence[Block], params: GenParams, host_flags: set[s
         for fn, copies in (("f1", unroll), ("f2", 2 * unroll)):
             lines, fixed = _function(f"cpumap_k{i}_{fn}", block, copies, params, host_flags)
             out += lines
-            counts.append(fixed + iters * (copies * m + 2))
+            counts.append(fixed + iters * (copies * m + 3))
         meta = KernelMeta(i, block.text, kernel_id(block.text), m, unroll, iters, counts[0],
                           counts[1], unroll * iters)
         metas.append(meta)

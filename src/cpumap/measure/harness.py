@@ -396,6 +396,7 @@ def run_batch(
     kcalib_adds: int = 20_000,
     indices: Sequence[int] | None = None,
     map_pages: int = 0,
+    map_fill: int = 0,
 ) -> BatchResult:
     """Measure kernels 0..n_kernels-1 of a batch .so; survive kernels that kill the harness.
 
@@ -409,7 +410,8 @@ def run_batch(
     cpu None lets the harness pick the last CPU this process may run on. ``indices`` measures
     only those kernels of the batch, in that order (default: all of them). ``map_pages`` > 0
     maps up to that many pages per kernel on demand (blocks measured as written: whatever
-    their registers point at); each row then has ``pages``, the pages its kernel needed.
+    their registers point at), every word of them holding ``map_fill``; each row then has
+    ``pages``, the pages its kernel needed.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
@@ -449,7 +451,7 @@ def run_batch(
                 str(round(stable_tol * 1e6)), "--budget-ms", str(round(budget_ms)),
                 "--calib-every", str(calib_every), "--kcalib-adds", str(kcalib_adds)]
         if map_pages > 0:
-            cmd += ["--map-pages", str(int(map_pages))]
+            cmd += ["--map-pages", str(int(map_pages)), "--map-fill", str(int(map_fill))]
         returncode, silent_for, err = _run_segment(cmd, seg, reps, max_reps, watchdog_s,
                                                    on_kernel)
         if err:
