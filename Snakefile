@@ -22,6 +22,7 @@ include: "workflow/rules/db.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/suite.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/corpus.smk"
 include: "workflow/rules/roofline.smk"
 
 
@@ -37,6 +38,7 @@ rule all:
         model=expand(MODEL_REPORT, mid=MACHINE_ID) if config["model"]["enabled"] else [],
         suite=rules.suite_all.input if SUITE_ON else [],
         evaluation=rules.eval_all.input if SUITE_ON else [],
+        corpus=expand(CORPUS_METRICS, mid=MACHINE_ID) if CORPUS_ON else [],
         roofline=expand(ROOF_SECTION, mid=MACHINE_ID) if ROOF["enabled"] and NATIVE else [],
         noise=expand(NOISE_TABLE, mid=MACHINE_ID) if NATIVE and config["bench"]["monitor"] else [],
     default_target: True

@@ -12,6 +12,7 @@ import pytest
 from evaluate_fixtures import fixture_blocks
 
 from cpumap.evaluate import analyzers as A
+from cpumap.measure import harness
 from cpumap.model import resmodel
 
 
@@ -197,6 +198,29 @@ def test_native_analyzer_measures_each_distinct_multiset_once(inputs, catalogue_
     assert res[("fix.O2", 1)].cycles == res[("fix.O3", 7)].cycles
     assert res[("fix.O2", 2)].cycles == 0.0
     assert res[("odd.O2", 0)].error == "no catalogue form for: rep stos %al, (%rdi)"
+
+
+def test_written_analyzer_measures_the_blocks_own_code(catalogue_df, host, tmp_path):
+    """The block as written, through the Measurer and the database: the add+imul chain at its
+    4-cycle latency (tests/test_blockgen.py has the physics), a block with a form the
+    catalogue excludes failed with the reason, not measured; asked again, answered from the
+    database."""
+    from cpumap.measure.backend import Measurer
+    from cpumap.measure.settings import BenchSettings
+
+    chain = A.BlockInput("b.O2", 0, ("add %rax,%rbx", "imul %rbx,%rbx"),
+                         ("ADD_R64_R64", "IMUL_R64_R64"), 2,
+                         code=bytes.fromhex("4801c3480fafdb"))
+    cpuid = A.BlockInput("b.O2", 1, ("cpuid",), ("CPUID",), 1, code=bytes.fromhex("0fa2"))
+    m = Measurer(host, catalogue_df, BenchSettings(), tmp_path / "db", tmp_path / "work",
+                 harness_bin=harness.build_harness(tmp_path / "bin"))
+    res = A.WrittenAnalyzer(m, catalogue_df).predict([chain, cpuid])
+    assert res[chain.key].cycles == pytest.approx(4.0, rel=0.05)
+    assert res[cpuid.key].status == "failed" and "form CPUID excluded" in res[cpuid.key].error
+    assert m.measured_now == 1
+    again = Measurer(host, catalogue_df, BenchSettings(), tmp_path / "db", tmp_path / "work")
+    res2 = A.WrittenAnalyzer(again, catalogue_df).predict([chain])
+    assert again.measured_now == 0 and res2[chain.key].cycles == res[chain.key].cycles
 
 
 def test_predictions_frame_columns(inputs):

@@ -112,17 +112,17 @@ def test_strict_variant_fails_blocks_with_ignored_instructions():
 
 
 def test_analyzer_status_lists_every_analyzer_with_a_reason():
-    st = evaluate.analyzer_status(["model", "native", "llvm-mca", "osaca"],
+    st = evaluate.analyzer_status(["model", "native", "written", "llvm-mca", "osaca"],
                                   {"llvm-mca": {"description": "d", "blocks": 3},
                                    "osaca": {"description": "o"}}, model_enabled=False,
                                   derived={"osaca-strict": "strict"})
-    assert list(st) == ["model", "native", "llvm-mca", "osaca", "osaca-strict", "uiCA", "IACA",
-                        "Ithemal", "BHive", "Gus"]
+    assert list(st) == ["model", "native", "written", "llvm-mca", "osaca", "osaca-strict",
+                        "uiCA", "IACA", "Ithemal", "Gus"]
     assert st["model"]["status"] == "not run" and "model.enabled is false" in st["model"]["reason"]
     assert st["native"] == {"status": "not run", "reason": "no predictions"}
     assert st["llvm-mca"]["status"] == "ran" and st["osaca-strict"]["status"] == "ran"
     assert all(st[a]["status"] == "unavailable" and st[a]["reason"]
-               for a in ("uiCA", "IACA", "Ithemal", "BHive", "Gus"))
+               for a in ("uiCA", "IACA", "Ithemal", "Gus"))
 
 
 def test_measured_cycles_is_the_minimum():

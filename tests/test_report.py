@@ -46,7 +46,7 @@ def test_report_is_self_contained_with_a_row_per_analyzer(tmp_path):
     assert "<script" not in html and "<link" not in html
     # one embedded plot per analyzer that ran
     assert html.count('src="data:image/png;base64,') == 2
-    for name in ("uiCA", "IACA", "Ithemal", "BHive", "Gus"):
+    for name in ("uiCA", "IACA", "Ithemal", "Gus"):
         assert f'<tr class="unavailable"><td>{name}</td>' in html
         assert report.esc(status[name]["reason"]) in html
     assert "not run: model.enabled is false" in html

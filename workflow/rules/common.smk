@@ -193,6 +193,40 @@ def palmed_parts(stage):
 # The noise monitor (db.smk): its table is read after every stage that measures.
 
 NOISE_TABLE = f"{MDIR}/monitor/noise.tsv"
+# Real blocks at scale (corpus.smk): a BHive-format corpus, every analyzer, two ground truths
+CORPUS = config["corpus"]
+CORPUS_ON = CORPUS["enabled"] and NATIVE
+CORPUS_DIR = Path(CORPUS["dir"])
+CORPUS_SOURCES = sorted(
+    str(p)
+    for p in (
+        (CORPUS_DIR / "sources").glob("*.csv")
+        if (CORPUS_DIR / "sources").is_dir()
+        else CORPUS_DIR.glob("*.csv")
+    )
+)
+CDIR = f"{MDIR}/corpus"
+CORPUS_BLOCKS = f"{CDIR}/blocks.parquet"
+CORPUS_PRED = f"{CDIR}/predictions/{{analyzer}}.parquet"
+CORPUS_PRED_META = f"{CDIR}/predictions/{{analyzer}}.json"
+CORPUS_METRICS = f"{CDIR}/metrics.tsv"
+CORPUS_METRICS_JSON = f"{CDIR}/metrics.json"
+CORPUS_SECTION = f"{CDIR}/section.html"
+
+
+def corpus_analyzers():
+    """Analyzers run on the corpus (model only when the model stage runs)."""
+    return [a for a in CORPUS["analyzers"] if a != "model" or config["model"]["enabled"]]
+
+
+def corpus_predictions(wildcards):
+    return [CORPUS_PRED.format(mid=wildcards.mid, analyzer=a) for a in corpus_analyzers()]
+
+
+def corpus_prediction_meta(wildcards):
+    return [CORPUS_PRED_META.format(mid=wildcards.mid, analyzer=a) for a in corpus_analyzers()]
+
+
 NOISE_SECTION = f"{MDIR}/monitor/section.html"
 NOISE_SUMMARY = f"{MDIR}/monitor/summary.json"
 
@@ -203,8 +237,11 @@ def noise_monitor_after(wildcards):
     after = [SINGLETON_SUMMARY.format(mid=mid)]
     if config["model"]["enabled"]:
         after.append(f"{RESULTS}/{mid}/model/validation.json")
-    if SUITE_ON and "native" in eval_analyzers_run():
-        after.append(EVAL_PRED_META.format(mid=mid, analyzer="native"))
+    for measured in ("native", "written"):
+        if SUITE_ON and measured in eval_analyzers_run():
+            after.append(EVAL_PRED_META.format(mid=mid, analyzer=measured))
+        if CORPUS_ON and measured in corpus_analyzers():
+            after.append(CORPUS_PRED_META.format(mid=mid, analyzer=measured))
     if ROOF["enabled"] and NATIVE:
         after.append(ROOF_COMPUTE.format(mid=mid))
     return after

@@ -74,12 +74,12 @@ rule eval_predict_native:
     log:
         f"{LOGS}/evaluate/predict-{{analyzer}}.log",
     wildcard_constraints:
-        analyzer="native",
+        analyzer="native|written",
     params:
         evaluate=EVAL,
         bench=config["bench"],
         machine=config["machine"],
-        workdir=f"{EDIR}/work-native",
+        workdir=lambda wildcards: f"{EDIR}/work-{wildcards.analyzer}",
     threads: 1
     resources:
         measure_slots=1,

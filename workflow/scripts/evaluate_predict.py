@@ -1,7 +1,9 @@
-"""Rules eval_predict_*: one analyzer's prediction of every block of the suite.
+"""Rules eval_predict_* and corpus_predict_*: one analyzer's prediction of every block of the
+suite, or of a block corpus.
 
-Writes predictions/<analyzer>/<benchmark>.parquet (one row per block, failures with their
-error) and predictions/<analyzer>.json (what ran, how long, how many blocks failed).
+Writes predictions/<analyzer>/<benchmark>.parquet (the suite: one row per block, failures with
+their error) or corpus/predictions/<analyzer>.parquet (the corpus: one table), and
+<analyzer>.json beside them (what ran, how long, how many blocks failed).
 """
 
 import dataclasses
@@ -51,7 +53,7 @@ if target is not None:
 elif name == "model":
     analyzer = A.ModelAnalyzer(resmodel.load(snakemake.input.model),
                                files.read_parquet_checked(snakemake.input.forms))
-elif name == "native":
+elif name in ("native", "written"):
     from cpumap.measure.backend import Measurer
     from cpumap.measure.settings import BenchSettings
     from cpumap.model.simulate import SimulatedMachine
@@ -67,7 +69,7 @@ elif name == "native":
                         Path(snakemake.input.forms).parents[1] / "db",
                         Path(snakemake.params.workdir), harness_bin=Path(snakemake.input.harness),
                         sim=sim, log=lambda message: print(message, flush=True))
-    analyzer = A.NativeAnalyzer(measurer, forms)
+    analyzer = (A.NativeAnalyzer if name == "native" else A.WrittenAnalyzer)(measurer, forms)
 else:
     raise ValueError(f"unknown analyzer {name!r}")
 
@@ -75,7 +77,9 @@ t0 = time.monotonic()
 results = A.predict_blocks(analyzer, blocks)
 seconds = time.monotonic() - t0
 df = A.predictions_frame(name, blocks, results)
-for path in snakemake.output.predictions:
+if "table" in snakemake.output.keys():  # the corpus: one table
+    files.write_parquet_atomic(df, snakemake.output.table, A.PREDICTION_SCHEMA)
+for path in snakemake.output.get("predictions", []):
     bench = Path(path).name.removesuffix(".parquet")
     files.write_parquet_atomic(df[df.benchmark == bench].reset_index(drop=True), path,
                             A.PREDICTION_SCHEMA)

@@ -372,3 +372,70 @@ def residency_note(summary: Mapping) -> str:
                  f"{summary.get('instructions_equal_cachegrind', 0)} of "
                  f"{summary['instructions_checked']} checked benchmarks.")
     return text
+
+
+def density_plot(truth_ipc: pd.Series, pred_ipc: pd.Series, title: str, truth: str) -> str:
+    """Predicted vs measured IPC of blocks: points where they are few, a log-density
+    hexbin where they are thousands."""
+    fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    n = len(truth_ipc)
+    if n == 0:
+        ax.text(0.5, 0.5, "no block compared", ha="center", va="center",
+                transform=ax.transAxes)
+    else:
+        hi = float(max(truth_ipc.max(), pred_ipc.max())) * 1.05
+        if n > 2000:
+            hb = ax.hexbin(truth_ipc, pred_ipc, gridsize=60, bins="log", mincnt=1,
+                           extent=(0, hi, 0, hi), cmap="viridis")
+            fig.colorbar(hb, ax=ax, label="blocks")
+        else:
+            ax.scatter(truth_ipc, pred_ipc, s=8, alpha=.5)
+        ax.plot([0, hi], [0, hi], color="#888", lw=1, ls="--")
+        ax.set_xlim(0, hi)
+        ax.set_ylim(0, hi)
+        ax.set_aspect("equal")
+    ax.set_xlabel(f"measured IPC ({truth})")
+    ax.set_ylabel("predicted IPC")
+    ax.set_title(title)
+    ax.grid(True, alpha=.3)
+    return figure_html(fig, f"{esc(title)} against {esc(truth)}: {n} blocks", title)
+
+
+def corpus_section(blocks: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame,
+                   metas: Sequence[Mapping], directory: str) -> str:
+    """The report's section on a block corpus (an HTML fragment, its first <h2> the title)."""
+    apps = sorted(blocks.benchmark.unique())
+    parts = ["<h2>Real basic blocks (BHive corpus)</h2>",
+             f"<p>{len(blocks)} blocks ({blocks.code.nunique()} distinct) of {len(apps)} "
+             f"applications from <code>{esc(directory)}</code>. Two ground truths measured "
+             "here: <b>written</b>, the block as written (BHive's method: its own bytes, "
+             "registers and loop-carried chains, pages mapped on first touch), and "
+             "<b>native</b>, its multiset of forms through our generator (Palmed's "
+             "definition). Coverage: blocks compared / blocks the truth measured. RMS and "
+             "MAPE of IPC also weighted by the blocks' frequency; Kendall's tau unweighted."
+             "</p>"]
+    for m in metas:
+        answered = m.get("blocks", 0) - m.get("failed_blocks", 0)
+        errors = "; ".join(f"{k} ({v})" for k, v in list((m.get("errors") or {}).items())[:3])
+        parts.append(f"<p><b>{esc(m['analyzer'])}</b>: {esc(m.get('description', ''))}; "
+                     f"{answered} of {m.get('blocks', 0)} blocks answered in "
+                     f"{float(m.get('seconds', 0)):.1f} s"
+                     + (f"; most frequent failures: {esc(errors)}" if errors else "") + "</p>")
+    overall = metrics[metrics.application == "all"].drop(columns="application")
+    parts.append(table_html(overall, pct=("coverage", "rms_rel_error_ipc", "mape_ipc",
+                                          "rms_weighted", "mape_weighted")))
+    per_app = metrics[(metrics.truth == "written") & (metrics.application != "all")]
+    if len(per_app):
+        parts.append("<h3>Per application, against the block as written</h3>")
+        parts.append(table_html(per_app.drop(columns="truth"),
+                                pct=("coverage", "rms_rel_error_ipc", "mape_ipc",
+                                     "rms_weighted", "mape_weighted")))
+    wide = predictions.pivot_table(index=["benchmark", "block_id"], columns="analyzer",
+                                   values="cycles", aggfunc="first")
+    n = blocks.set_index(["benchmark", "block_id"]).n_insns.reindex(wide.index)
+    if "written" in wide:
+        for a in [c for c in wide.columns if c != "written"]:
+            ok = wide.written.gt(0) & wide[a].gt(0)
+            parts.append(density_plot(n[ok] / wide.written[ok], n[ok] / wide[a][ok], a,
+                                      "written"))
+    return "\n".join(parts) + "\n"

@@ -99,6 +99,16 @@ def parse_canonical(text: str) -> dict[str, int]:
     return dict(k)
 
 
+#: Kernel texts of basic blocks measured as written (cpumap.measure.blockgen): ``BLOCK:<hex>``.
+BLOCK_PREFIX = "BLOCK:"
+
+
+def kernel_key(text: str) -> str:
+    """The canonical text of a kernel: a multiset's :func:`canonical` form, or a block measured
+    as written (``BLOCK:<hex>``) as it is."""
+    return text if text.startswith(BLOCK_PREFIX) else canonical(parse_canonical(text))
+
+
 def kernel_id(canon: str) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 

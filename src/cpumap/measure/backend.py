@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from cpumap.isa import catalogue
-from cpumap.measure import asmgen, batch, estimate, harness
+from cpumap.measure import asmgen, batch, blockgen, estimate, harness
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
@@ -77,6 +77,19 @@ def simulated_rows(kernels: list[str], sim: Simulator, machine_id: str,
     return db.conform(pd.DataFrame(rows))
 
 
+def _unsimulated_rows(kernels: list[str], machine_id: str, bench: BenchSettings,
+                      batch_id: str) -> pd.DataFrame:
+    """Failed rows of blocks as written on a simulated machine: a mapping of forms has no
+    registers, dependences or memory to run a block's own code on."""
+    params = bench.measurement_params() | {"backend": "simulated"}
+    now = pd.Timestamp(datetime.now(UTC)).floor("us")
+    return db.conform(pd.DataFrame([batch.base_row(
+        machine_id, batch_id, params, k, blockgen.n_insns(k), backend="simulated",
+        version=SIMULATED_VERSION) | {
+        "rep": -1, "status": "failed", "timestamp": now,
+        "error": "a simulated machine cannot run a block as written"} for k in kernels]))
+
+
 class MeasuringDisabledError(RuntimeError):
     """Measuring is off (config ``measure: false``) and the database lacks some kernels."""
 
@@ -91,12 +104,23 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
     the database) produce no rows. The one place that decides simulated versus native.
     ``prepared``: the batch already generated and compiled (rule compile_batch)."""
     bench = bench_settings(bench)
+    blocks = [k for k in kernels if blockgen.is_block(k)]
+    if blocks and len(blocks) < len(kernels):
+        raise ValueError("a batch holds blocks as written or multisets, not both")
     if sim is not None:
         todo = [k for k in kernels
-                if asmgen.kernel_id(asmgen.canonical(asmgen.parse_canonical(k))) not in skip]
+                if asmgen.kernel_id(asmgen.kernel_key(k)) not in skip]
+        if blocks:
+            return _unsimulated_rows(todo, machine["machine_id"], bench, batch_id)
         return simulated_rows(todo, sim, machine["machine_id"], bench, batch_id)
     if harness_bin is None:
         raise ValueError("the native backend needs the harness binary")
+    if blocks:
+        codes = [bytes.fromhex(k[len(asmgen.BLOCK_PREFIX):]) for k in kernels
+                 if asmgen.kernel_id(k) not in skip]
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        prepared = batch.prepare_blocks(codes, catalogue.Catalogue(forms), machine, bench,
+                                        Path(workdir) / f"{batch_id}.so", progress)
     if prepared is not None:
         return batch.measure_prepared(prepared, machine, bench, harness_bin, batch_id,
                                       progress=progress, skip=skip)
@@ -223,7 +247,7 @@ class Measurer:
 
     def measure(self, kernels: list[str], stage: str) -> dict[str, float]:
         """Cycles of each kernel (canonical text); failed kernels are left out."""
-        canon = list(dict.fromkeys(asmgen.canonical(asmgen.parse_canonical(k))
+        canon = list(dict.fromkeys(asmgen.kernel_key(k)
                                    for k in kernels))
         known = self.known()
         todo = [k for k in canon if k not in known]
@@ -256,7 +280,7 @@ class Measurer:
         database measures nothing); the others are measured, unless measuring is off."""
         if not stage.startswith(db.REPEAT_PREFIX):
             raise ValueError(f"a repeat stage must start with {db.REPEAT_PREFIX!r}: {stage!r}")
-        canon = list(dict.fromkeys(asmgen.canonical(asmgen.parse_canonical(k))
+        canon = list(dict.fromkeys(asmgen.kernel_key(k)
                                    for k in kernels))
         key = {"machine_id": self.machine_id, "params_id": self.params_id,
                "harness_version": self.version}

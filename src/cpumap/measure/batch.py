@@ -193,7 +193,7 @@ def measure_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
     (:func:`prepare_batch`, then :func:`measure_prepared`). Kernels whose id is in ``skip``
     (already in the database) are not generated and produce no rows."""
     todo = [k for k in kernels
-            if asmgen.kernel_id(asmgen.canonical(asmgen.parse_canonical(k))) not in skip]
+            if asmgen.kernel_id(asmgen.kernel_key(k)) not in skip]
     if len(todo) < len(kernels) and progress is not None:
         progress(f"{batch_id}: {len(kernels) - len(todo)} of {len(kernels)} kernels already "
                  "in the database, not measured again")

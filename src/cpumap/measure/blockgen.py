@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import iced_x86 as ix
 
 from cpumap.isa import x86
-from cpumap.measure.asmgen import GenParams, KernelMeta, batch_table, kernel_id
+from cpumap.measure.asmgen import BLOCK_PREFIX, GenParams, KernelMeta, batch_table, kernel_id
 
 #: Every general-purpose register but RSP, at each call's start (BHive's value): an address in
 #: user space whose pages are mapped on first touch.
@@ -51,7 +51,7 @@ _GPRS = ("RAX", "RCX", "RDX", "RBX", "RBP", "RSI", "RDI", "R8", "R9", "R10", "R1
          "R13", "R14", "R15")
 
 
-PREFIX = "BLOCK:"
+PREFIX = BLOCK_PREFIX
 
 
 def block_text(code: bytes) -> str:

@@ -1,7 +1,8 @@
 """Code analyzers evaluated on the basic blocks of real kernels (issue 4, DESIGN §9).
 
-Available here: ``model`` (our resource model), ``llvm-mca``, ``osaca`` and ``native`` (our own
-measurement of the block's multiset). Tools of the seed's harness that cannot run on this
+Available here: ``model`` (our resource model), ``llvm-mca``, ``osaca``, ``native`` (our own
+measurement of the block's multiset) and ``written`` (the block measured as written, BHive's
+method). Tools of the seed's harness that cannot run on this
 machine are listed in :data:`UNAVAILABLE` with the reason, so that the report names them.
 
 Every analyzer has ``name``, ``describe()`` and ``predict(blocks) -> {(benchmark, block_id):
@@ -25,7 +26,7 @@ from cpumap.evaluate.analyzers.base import (
     run_batched,
     run_tool,
 )
-from cpumap.evaluate.analyzers.internal import ModelAnalyzer, NativeAnalyzer
+from cpumap.evaluate.analyzers.internal import ModelAnalyzer, NativeAnalyzer, WrittenAnalyzer
 from cpumap.evaluate.analyzers.llvm_mca import LlvmMca
 from cpumap.evaluate.analyzers.osaca import Osaca
 
@@ -42,6 +43,7 @@ __all__ = [
     "Result",
     "ToolResult",
     "UNAVAILABLE",
+    "WrittenAnalyzer",
     "block_inputs",
     "predict_blocks",
     "predictions_frame",
@@ -58,7 +60,7 @@ PREDICTION_SCHEMA = pa.schema([
 ])
 
 #: The analyzers this harness can run, in report order.
-ANALYZERS = ["model", "native", "llvm-mca", "osaca"]
+ANALYZERS = ["model", "native", "written", "llvm-mca", "osaca"]
 
 #: Analyzers of the seed's harness that are not run here, and why.
 UNAVAILABLE = {
@@ -68,8 +70,6 @@ UNAVAILABLE = {
             "to Skylake), a closed-source binary not packaged for Debian",
     "Ithemal": "learned model trained on BHive measurements of Intel CPUs (Ivy Bridge, "
                "Haswell, Skylake); there is no Zen 4 model and no Zen 4 training data",
-    "BHive": "its profiler reads hardware performance counters (perf_event), and this KVM "
-             "guest exposes none (PAPI lists 0 events); the native analyzer plays its part",
     "Gus": "QEMU-based dynamic analyzer from F. Gruber's PhD work: no public release to "
            "install",
 }

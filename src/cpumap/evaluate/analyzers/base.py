@@ -82,6 +82,7 @@ class BlockInput:
     forms: tuple[str, ...]  # catalogue form of each of those instructions, "" when none
     n_insns: int  # instructions of the whole block, terminator included
     error: str = ""  # why the block could not be prepared (every analyzer fails it with this)
+    code: bytes = b""  # the machine code of ``insns`` (the block as written)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -100,9 +101,10 @@ def block_inputs(blocks: pd.DataFrame, drop_terminator: bool = True) -> list[Blo
                                   int(row.n_insns), f"cannot render the block: {exc}"))
             continue
         if drop_terminator and row.terminator and insns:
-            insns, forms = insns[:-1], forms[:-1]
+            insns, forms, hexes = insns[:-1], forms[:-1], hexes[:-1]
         out.append(BlockInput(str(row.benchmark), int(row.block_id), tuple(insns),
-                              tuple(str(f) for f in forms), int(row.n_insns)))
+                              tuple(str(f) for f in forms), int(row.n_insns),
+                              code=bytes.fromhex("".join(hexes))))
     return out
 
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import pandas as pd
 
 from cpumap.evaluate.analyzers.base import BlockInput, Result, failed
-from cpumap.measure import asmgen
+from cpumap.isa.catalogue import Catalogue
+from cpumap.measure import asmgen, blockgen
 from cpumap.model import resmodel
 from cpumap.store import db
 
@@ -105,23 +106,30 @@ class NativeAnalyzer:
     def describe(self) -> str:
         return "native measurement of the block's multiset of forms (cpumap generator + harness)"
 
+    def kernel(self, b: BlockInput) -> tuple[str, str]:
+        """(the kernel text to measure for the block, or "" with why it cannot be)."""
+        k, err = multiset(b)
+        if not err:
+            bad = [f for f in sorted(k) if self.status.get(f) != "ok"]
+            if bad:
+                err = "; ".join(
+                    f"form {f} excluded: {self.reason.get(f) or 'not in the catalogue'}"
+                    for f in bad)
+        if err:
+            return "", err
+        return (asmgen.canonical(k) if k else ""), ""
+
     def predict(self, blocks: list[BlockInput]) -> dict[tuple[str, int], Result]:
         out: dict[tuple[str, int], Result] = {}
         wanted: dict[tuple[str, int], str] = {}
         for b in blocks:
-            k, err = multiset(b)
-            if not err:
-                bad = [f for f in sorted(k) if self.status.get(f) != "ok"]
-                if bad:
-                    err = "; ".join(
-                        f"form {f} excluded: {self.reason.get(f) or 'not in the catalogue'}"
-                        for f in bad)
+            kern, err = self.kernel(b)
             if err:
                 out[b.key] = failed(err)
-            elif not k:
+            elif not kern:
                 out[b.key] = Result(cycles=0.0)
             else:
-                wanted[b.key] = asmgen.canonical(k)
+                wanted[b.key] = kern
         if wanted:
             kernels = sorted(set(wanted.values()))
             t0 = time.monotonic()
@@ -142,3 +150,28 @@ class NativeAnalyzer:
         rows = db.load(self.measurer.db_dir, machine_id=self.measurer.machine_id)
         rows = rows[rows.kernel.isin(kernels) & (rows.status == "failed")]
         return dict(zip(rows.kernel, rows.error, strict=True))
+
+
+class WrittenAnalyzer(NativeAnalyzer):
+    """Measures each block as written, BHive's method without counters
+    (:mod:`cpumap.measure.blockgen`: the block's own bytes in the harness's n/2n loops, its
+    registers and chains as the compiler left them, pages mapped on first touch). The
+    ground truth of "how long does this block take"; blocks that cannot run as written fail
+    with the reason, blocks that fault with their signal."""
+
+    name = "written"
+
+    def __init__(self, measurer, forms: pd.DataFrame, stage: str = "evaluate-written",
+                 log: Callable[[str], None] | None = None):
+        super().__init__(measurer, forms, stage, log)
+        self.catalogue = Catalogue(forms)
+
+    def describe(self) -> str:
+        return ("the block as written, BHive-style (its own bytes in the harness's n/2n loops, "
+                "registers at 0x2324000, pages mapped on first touch; TSC-calibrated here)")
+
+    def kernel(self, b: BlockInput) -> tuple[str, str]:
+        if not b.code:
+            return "", "no machine code for the block"
+        prepared = blockgen.prepare(b.code, self.catalogue)
+        return ("", prepared.error) if prepared.error else (prepared.text, "")

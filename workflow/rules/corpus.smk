@@ -1,0 +1,110 @@
+# Real basic blocks at scale (issue 14): a BHive-format block corpus (the vendored sample by
+# default, corpus.dir for a whole corpus), every analyzer on every block, compared with two
+# ground truths measured here: the block as written (BHive's method) and its multiset
+# (Palmed's). Paths are in common.smk (CORPUS_*); the logic is in cpumap.evaluate.corpus.
+
+
+rule corpus_blocks:
+    input:
+        sources=CORPUS_SOURCES,
+        forms=FORMS,
+    output:
+        blocks=CORPUS_BLOCKS,
+    log:
+        f"{LOGS}/corpus/blocks.log",
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/corpus_blocks.py"
+
+
+rule corpus_predict_tool:
+    input:
+        blocks=CORPUS_BLOCKS,
+        machine=MACHINE_JSON,
+    output:
+        table=CORPUS_PRED,
+        meta=CORPUS_PRED_META,
+    log:
+        f"{LOGS}/corpus/predict-{{analyzer}}.log",
+    wildcard_constraints:
+        analyzer="llvm-mca|osaca",
+    params:
+        evaluate=EVAL,
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/evaluate_predict.py"
+
+
+rule corpus_predict_model:
+    input:
+        blocks=CORPUS_BLOCKS,
+        model=MODEL_JSON,
+        forms=FORMS,
+    output:
+        table=CORPUS_PRED,
+        meta=CORPUS_PRED_META,
+    log:
+        f"{LOGS}/corpus/predict-{{analyzer}}.log",
+    wildcard_constraints:
+        analyzer="model",
+    params:
+        evaluate=EVAL,
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/evaluate_predict.py"
+
+
+rule corpus_predict_native:
+    input:
+        blocks=CORPUS_BLOCKS,
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        table=CORPUS_PRED,
+        meta=CORPUS_PRED_META,
+    log:
+        f"{LOGS}/corpus/predict-{{analyzer}}.log",
+    wildcard_constraints:
+        analyzer="native|written",
+    params:
+        evaluate=EVAL,
+        bench=config["bench"],
+        machine=config["machine"],
+        workdir=lambda wildcards: f"{CDIR}/work-{wildcards.analyzer}",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/evaluate_predict.py"
+
+
+rule corpus_metrics:
+    input:
+        blocks=CORPUS_BLOCKS,
+        predictions=corpus_predictions,
+        meta=corpus_prediction_meta,
+    output:
+        metrics=report(CORPUS_METRICS, caption="../report/corpus_metrics.rst",
+                       category="Real blocks (BHive corpus)"),
+        metrics_json=CORPUS_METRICS_JSON,
+        section=CORPUS_SECTION,
+    log:
+        f"{LOGS}/corpus/metrics.log",
+    params:
+        corpus=CORPUS,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/corpus_metrics.py"
+
+
+if CORPUS_ON and SUITE_ON:
+    EVAL_REPORT_EXTRA.append(CORPUS_SECTION)
