@@ -214,8 +214,10 @@ def test_written_analyzer_measures_the_blocks_own_code(catalogue_df, host, tmp_p
     cpuid = A.BlockInput("b.O2", 1, ("cpuid",), ("CPUID",), 1, code=bytes.fromhex("0fa2"))
     m = Measurer(host, catalogue_df, BenchSettings(), tmp_path / "db", tmp_path / "work",
                  harness_bin=harness.build_harness(tmp_path / "bin"))
-    res = A.WrittenAnalyzer(m, catalogue_df).predict([chain, cpuid])
+    only_branch = A.BlockInput("b.O2", 2, (), (), 1)  # its terminator dropped: nothing left
+    res = A.WrittenAnalyzer(m, catalogue_df).predict([chain, cpuid, only_branch])
     assert res[chain.key].cycles == pytest.approx(4.0, rel=0.05)
+    assert res[only_branch.key].status == "ok" and res[only_branch.key].cycles == 0.0
     assert res[cpuid.key].status == "failed" and "form CPUID excluded" in res[cpuid.key].error
     assert m.measured_now == 1
     again = Measurer(host, catalogue_df, BenchSettings(), tmp_path / "db", tmp_path / "work")

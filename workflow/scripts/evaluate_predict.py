@@ -28,7 +28,8 @@ from cpumap.store import files
 
 name = snakemake.wildcards.analyzer
 cfg = snakemake.params.evaluate
-tables = [files.read_parquet_checked(p) for p in snakemake.input.blocks]
+inp = snakemake.input.blocks  # the suite's tables, or the corpus's one
+tables = [files.read_parquet_checked(p) for p in ([inp] if isinstance(inp, str) else inp)]
 blocks = A.block_inputs(pd.concat(tables, ignore_index=True), cfg["drop_terminator"])
 print(f"{name}: {len(blocks)} blocks of {len(tables)} benchmarks", flush=True)
 

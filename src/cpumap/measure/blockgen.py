@@ -16,8 +16,9 @@ A block is refused, with the reason, where running it as written here would meas
 something else or harm the harness: bytes that do not decode, an instruction whose form the
 catalogue lacks or excludes (the catalogue's reason: stack-pointer writes, privileged forms,
 VM exits...; stack forms the generator cannot measure alone, PUSH, POP and LEAVE, are
-measured as written), control flow inside the block, RIP-relative memory (its target is not
-the block's data but our code), or no general-purpose register left for the loop counter.
+measured as written), control flow inside the block, a RIP-relative store (it would write
+into our code or data; a RIP-relative load, a compiler's constant, reads whatever is there,
+or a page mapped for it), or no general-purpose register left for the loop counter.
 Blocks that fault for other reasons (a divide error, a protection fault, more pages
 than allowed) or hang are the harness's failures, recorded per block: one never stops its
 batch.
@@ -42,8 +43,10 @@ STACK_INIT = 0x2424000
 #: Forms the catalogue excludes because they move RSP, which run as written here (RSP is
 #: reset every iteration): their mnemonics.
 STACK_AS_WRITTEN = frozenset({"PUSH", "POP", "LEAVE"})
-#: Pages one block may have mapped for it (BHive maps them all onto one physical page too).
-MAP_PAGES = 4096
+#: Pages one block may have mapped for it (BHive maps them all onto one physical page too):
+#: 64 MiB of addresses, room for a few streams walked over one call (the harness's calls
+#: last tens of microseconds: a block striding 32 bytes a cycle walks about 6 MB).
+MAP_PAGES = 16384
 #: Loop-counter candidates, preferred first (the block must use none of it).
 _COUNTERS = ("R15", "R14", "R13", "R12", "R11", "R10", "R9", "R8", "RBP", "RBX", "RDI", "RSI",
              "RDX", "RCX", "RAX")
@@ -114,10 +117,12 @@ def prepare(code: bytes, catalogue) -> Block:
         row = catalogue.by_name[name]
         if row.status != "ok" and row.mnemonic not in STACK_AS_WRITTEN:
             return Block(code, att=att, error=f"{text}: form {name} excluded ({row.reason})")
-        if ins.is_ip_rel_memory_operand:
-            return Block(code, att=att, error=f"{text}: RIP-relative memory (it would address "
-                                              "the harness's code, not the block's data)")
-        for u in factory.info(ins).used_registers():
+        info = factory.info(ins)
+        if ins.is_ip_rel_memory_operand and any(m.access != ix.OpAccess.READ
+                                                for m in info.used_memory()):
+            return Block(code, att=att, error=f"{text}: RIP-relative store (it would write "
+                                              "into the harness's code or data)")
+        for u in info.used_registers():
             if not ix.RegisterExt.is_gpr(u.register):
                 continue
             used.add(x86.REG_NAMES[ix.RegisterExt.full_register(u.register)])

@@ -172,6 +172,6 @@ class WrittenAnalyzer(NativeAnalyzer):
 
     def kernel(self, b: BlockInput) -> tuple[str, str]:
         if not b.code:
-            return "", "no machine code for the block"
+            return "", ""  # nothing but the dropped terminator: no cycles
         prepared = blockgen.prepare(b.code, self.catalogue)
         return ("", prepared.error) if prepared.error else (prepared.text, "")
