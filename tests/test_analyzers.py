@@ -277,3 +277,22 @@ def test_report_names_each_external_analyzers_target():
     assert status["llvm-mca"]["target"]["value"] == "znver3"
     assert _target_note(status["llvm-mca"]["target"]) == ", target znver3 (the host's)"
     assert _target_note(None) == ""
+
+
+def test_identical_blocks_are_predicted_once():
+    """A corpus holds the same block in many applications: one prediction serves them all."""
+    seen: list[list] = []
+
+    class Counting:
+        def predict(self, blocks):
+            seen.append([b.key for b in blocks])
+            return {b.key: A.Result(cycles=float(len(b.insns))) for b in blocks}
+
+    same = [A.BlockInput(app, 0, ("add %rbx, %rax",), ("ADD_R64_R64",), 1,
+                         code=bytes.fromhex("4801d8")) for app in ("a", "b", "c")]
+    other = A.BlockInput("a", 1, ("nop", "nop"), ("NOP", "NOP"), 2, code=b"\x90\x90")
+    bad = A.BlockInput("b", 1, (), (), 1, "cannot render the block")
+    res = A.predict_blocks(Counting(), [*same, other, bad])
+    assert seen == [[("a", 0), ("a", 1)]]
+    assert [res[b.key].cycles for b in same] == [1.0, 1.0, 1.0] and res[other.key].cycles == 2
+    assert res[bad.key].status == "failed"

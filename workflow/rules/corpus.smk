@@ -12,6 +12,9 @@ rule corpus_blocks:
         blocks=CORPUS_BLOCKS,
     log:
         f"{LOGS}/corpus/blocks.log",
+    params:
+        # another corpus directory reruns the stage (its files may be older than the output)
+        corpus=lambda wildcards, input: sorted({str(Path(p).parent) for p in input.sources}),
     conda:
         "../../envs/cpumap.yaml"
     script:

@@ -284,9 +284,15 @@ def run_batched(blocks: Sequence[BlockInput],
 
 
 def predict_blocks(analyzer, blocks: Sequence[BlockInput]) -> dict[tuple[str, int], Result]:
-    """``analyzer.predict`` on the blocks that could be prepared; the others fail with the
-    reason they could not."""
-    good = [b for b in blocks if not b.error]
-    out = analyzer.predict(good) if good else {}
+    """``analyzer.predict`` on the blocks that could be prepared, each distinct block once (a
+    corpus holds the same block in many applications: BHive's 303,978 rows are 38,683
+    blocks); the others fail with the reason they could not."""
+    first: dict[tuple, BlockInput] = {}
+    for b in blocks:
+        if not b.error:
+            first.setdefault((b.insns, b.forms, b.code), b)
+    got = analyzer.predict(list(first.values())) if first else {}
+    out = {b.key: got.get(first[(b.insns, b.forms, b.code)].key, failed("no result"))
+           for b in blocks if not b.error}
     out.update({b.key: failed(b.error) for b in blocks if b.error})
     return out
