@@ -283,22 +283,33 @@ def _uses(specs: list[FormSpec], cls: str) -> bool:
         for s in specs for r, _a in s.implicit)
 
 
+#: The start of every measured function: the callee-saved registers, MXCSR saved and set to
+#: FTZ|DAZ (no denormal assists); and its end (``FRAME_LEAVE``) restoring them.
+FRAME_ENTER = ("push %rbx", "push %rbp", "push %r12", "push %r13", "push %r14", "push %r15",
+               "sub $8, %rsp", "stmxcsr (%rsp)", "mov (%rsp), %eax", "or $0x8040, %eax",
+               "mov %eax, 4(%rsp)", "ldmxcsr 4(%rsp)")
+FRAME_LEAVE = ("ldmxcsr (%rsp)", "add $8, %rsp", "pop %r15", "pop %r14", "pop %r13", "pop %r12",
+               "pop %rbp", "pop %rbx", "ret")
+
+
+def vector_init(base: str, host_flags: set[str]) -> list[str]:
+    """Every vector register of the host loaded from ``base`` (the arena's fill pattern)."""
+    if "avx512f" in host_flags:
+        return [f"vmovdqu64 ({base}), %zmm{i}" for i in range(32)]
+    if "avx" in host_flags:
+        return [f"vmovdqu ({base}), %ymm{i}" for i in range(16)]
+    return [f"movdqu ({base}), %xmm{i}" for i in range(16)]
+
+
 def _function(label: str, body: list[str], specs: list[FormSpec],
               host_flags: set[str], arena_bytes: int) -> tuple[list[str], int]:
     """Assembly of one measured function; returns lines and its instruction count w/o body."""
-    pro = ["push %rbx", "push %rbp", "push %r12", "push %r13", "push %r14", "push %r15",
-           "sub $8, %rsp", "stmxcsr (%rsp)", "mov (%rsp), %eax", "or $0x8040, %eax",
-           "mov %eax, 4(%rsp)", "ldmxcsr 4(%rsp)",  # FTZ|DAZ: no denormal assists
-           "mov %rsi, %r14", f"lea {arena_bytes // 2}(%rsi), %r13", "mov %rdi, %r15"]
+    pro = [*FRAME_ENTER, "mov %rsi, %r14", f"lea {arena_bytes // 2}(%rsi), %r13",
+           "mov %rdi, %r15"]
     if _uses(specs, "K") and "avx512f" in host_flags:
         pro += ["mov $-1, %eax"] + [f"kmovw %eax, %k{i}" for i in range(8)]
     if _uses(specs, "VEC"):
-        if "avx512f" in host_flags:
-            pro += [f"vmovdqu64 (%r14), %zmm{i}" for i in range(32)]
-        elif "avx" in host_flags:
-            pro += [f"vmovdqu (%r14), %ymm{i}" for i in range(16)]
-        else:
-            pro += [f"movdqu (%r14), %xmm{i}" for i in range(16)]
+        pro += vector_init("%r14", host_flags)
     if _uses(specs, "VEC") and "avx" in host_flags and any(
             s.encoding == "LEGACY" and any(o.cls == "VEC" for o in s.operands) for s in specs):
         # Legacy SSE writes merge into the upper lanes: with dirty upper state every SSE
@@ -322,8 +333,7 @@ def _function(label: str, body: list[str], specs: list[FormSpec],
         epi.append("vzeroupper")
     if _uses(specs, "MMX"):
         epi.append("emms")
-    epi += ["cld", "ldmxcsr (%rsp)", "add $8, %rsp", "pop %r15", "pop %r14", "pop %r13",
-            "pop %r12", "pop %rbp", "pop %rbx", "ret"]
+    epi += ["cld", *FRAME_LEAVE]
     lines = ["    .p2align 6", f"{label}:"] + [f"    {x}" for x in pro]
     lines += ["    .p2align 6", f"{label}_loop:"] + body
     lines += ["    dec %r15", f"    jnz {label}_loop"] + [f"    {x}" for x in epi]

@@ -33,7 +33,16 @@ from dataclasses import dataclass
 import iced_x86 as ix
 
 from cpumap.isa import x86
-from cpumap.measure.asmgen import BLOCK_PREFIX, GenParams, KernelMeta, batch_table, kernel_id
+from cpumap.measure.asmgen import (
+    BLOCK_PREFIX,
+    FRAME_ENTER,
+    FRAME_LEAVE,
+    GenParams,
+    KernelMeta,
+    batch_table,
+    kernel_id,
+    vector_init,
+)
 
 #: Every general-purpose register but RSP, at each call's start (BHive's value): an address in
 #: user space whose pages are mapped on first touch.
@@ -144,16 +153,7 @@ def _function(label: str, block: Block, copies: int, params: GenParams,
     """One measured function: ``copies`` of the block per loop iteration; (lines, the
     instructions it runs besides the copies, once per call)."""
     counter = block.counter.lower()
-    pro = ["push %rbx", "push %rbp", "push %r12", "push %r13", "push %r14", "push %r15",
-           "sub $8, %rsp", "stmxcsr (%rsp)", "mov (%rsp), %eax", "or $0x8040, %eax",
-           "mov %eax, 4(%rsp)", "ldmxcsr 4(%rsp)",  # FTZ|DAZ: no denormal assists
-           "mov %rsp, cpumap_saved_rsp(%rip)"]
-    if "avx512f" in host_flags:
-        pro += [f"vmovdqu64 (%rsi), %zmm{i}" for i in range(32)]
-    elif "avx" in host_flags:
-        pro += [f"vmovdqu (%rsi), %ymm{i}" for i in range(16)]
-    else:
-        pro += [f"movdqu (%rsi), %xmm{i}" for i in range(16)]
+    pro = [*FRAME_ENTER, "mov %rsp, cpumap_saved_rsp(%rip)", *vector_init("%rsi", host_flags)]
     if "avx" in host_flags:
         pro.append("vzeroupper")  # the clean upper state compiled code starts from
     pro.append(f"mov %rdi, %{counter}")
@@ -161,8 +161,7 @@ def _function(label: str, block: Block, copies: int, params: GenParams,
     epi = ["mov cpumap_saved_rsp(%rip), %rsp"]
     if "avx" in host_flags:
         epi.append("vzeroupper")
-    epi += ["emms", "cld", "ldmxcsr (%rsp)", "add $8, %rsp", "pop %r15", "pop %r14",
-            "pop %r13", "pop %r12", "pop %rbp", "pop %rbx", "ret"]
+    epi += ["emms", "cld", *FRAME_LEAVE]
     body = []
     for _ in range(copies):
         body += [f"    .byte {', '.join(f'0x{h[i:i + 2]}' for i in range(0, len(h), 2))}"
