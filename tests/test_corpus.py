@@ -69,6 +69,9 @@ def test_metrics_against_each_truth_per_application(sources, catalogue):
     assert m.loc[("written", "native", "app")].compared == 2
     assert m.loc[("native", "written", "all")].compared == 3
     assert ("native", "native", "all") not in m.index
+    # on the blocks every analyzer answered (app 0 and 1): the same blocks for all
+    common = m.loc[("written", "native", corpus.COMMON)]
+    assert common.compared == 2 and m.loc[("written", "model", corpus.COMMON)].compared == 2
     # the report section: the tables and one plot per analyzer against the block as written
     html = report.corpus_section(blocks, preds, corpus.metrics_table(blocks, preds),
                                  [{"analyzer": "model", "description": "d", "blocks": 4,

@@ -32,10 +32,12 @@ from scipy.stats import kendalltau
 from cpumap.evaluate.coverage import read_corpus
 from cpumap.isa import x86
 
-__all__ = ["TRUTHS", "corpus_blocks", "corpus_sources", "metrics_table"]
+__all__ = ["COMMON", "TRUTHS", "corpus_blocks", "corpus_sources", "metrics_table"]
 
 #: The analyzers that are ground truths: measured here, on this CPU.
 TRUTHS = ("written", "native")
+#: The metrics' "application" of the blocks every analyzer answered (all applications).
+COMMON = "all, blocks every analyzer answered"
 
 
 def corpus_sources(directory: str | Path) -> dict[str, Path]:
@@ -91,15 +93,19 @@ def _metrics(truth: np.ndarray, pred: np.ndarray, n: np.ndarray, w: np.ndarray) 
 def metrics_table(blocks: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
     """Per ground truth, analyzer (the other truth included) and application, and over
     ``all`` applications: blocks, predicted (the analyzer answered), measured (the truth
-    did), compared (both), coverage (compared / measured) and the error metrics."""
+    did), compared (both), coverage (compared / measured) and the error metrics; and over the
+    blocks every analyzer answered (``COMMON``), where analyzers are compared on the same
+    blocks."""
     wide = predictions.pivot_table(index=["benchmark", "block_id"], columns="analyzer",
                                    values="cycles", aggfunc="first")
     base = blocks.set_index(["benchmark", "block_id"])[["n_insns", "frequency"]].join(wide)
     analyzers = [a for a in predictions.analyzer.unique()]
     rows = []
+    # the blocks every analyzer answered: the same blocks for all, where coverages differ
+    common = base[base[analyzers].gt(0).all(axis=1)] if analyzers else base.iloc[:0]
     for truth in [t for t in TRUTHS if t in base]:
         for a in [x for x in analyzers if x != truth]:
-            for app, g in [("all", base), *base.groupby(level="benchmark")]:
+            for app, g in [("all", base), (COMMON, common), *base.groupby(level="benchmark")]:
                 t = g[truth].to_numpy("float64")
                 p = g[a].to_numpy("float64")
                 measured = int(np.isfinite(t).sum())

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from cpumap.evaluate.corpus import COMMON  # noqa: E402
 from cpumap.evaluate.coverage import Coverage  # noqa: E402
 from cpumap.store.files import write_text_atomic  # noqa: E402
 
@@ -421,15 +422,16 @@ def corpus_section(blocks: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.
                      f"{answered} of {m.get('blocks', 0)} blocks answered in "
                      f"{float(m.get('seconds', 0)):.1f} s"
                      + (f"; most frequent failures: {esc(errors)}" if errors else "") + "</p>")
-    overall = metrics[metrics.application == "all"].drop(columns="application")
-    parts.append(table_html(overall, pct=("coverage", "rms_rel_error_ipc", "mape_ipc",
-                                          "rms_weighted", "mape_weighted")))
-    per_app = metrics[(metrics.truth == "written") & (metrics.application != "all")]
+    pct = ("coverage", "rms_rel_error_ipc", "mape_ipc", "rms_weighted", "mape_weighted")
+    for app, title in (("all", "All blocks"),
+                       (COMMON, "The blocks every analyzer answered (the same for all)")):
+        parts.append(f"<h3>{title}</h3>")
+        parts.append(table_html(metrics[metrics.application == app].drop(columns="application"),
+                                pct=pct))
+    per_app = metrics[(metrics.truth == "written") & ~metrics.application.isin(["all", COMMON])]
     if len(per_app):
         parts.append("<h3>Per application, against the block as written</h3>")
-        parts.append(table_html(per_app.drop(columns="truth"),
-                                pct=("coverage", "rms_rel_error_ipc", "mape_ipc",
-                                     "rms_weighted", "mape_weighted")))
+        parts.append(table_html(per_app.drop(columns="truth"), pct=pct))
     wide = predictions.pivot_table(index=["benchmark", "block_id"], columns="analyzer",
                                    values="cycles", aggfunc="first")
     n = blocks.set_index(["benchmark", "block_id"]).n_insns.reindex(wide.index)
