@@ -16,9 +16,11 @@ A block is refused, with the reason, where running it as written here would meas
 something else or harm the harness: bytes that do not decode, an instruction whose form the
 catalogue lacks or excludes (the catalogue's reason: stack-pointer writes, privileged forms,
 VM exits...; stack forms the generator cannot measure alone, PUSH, POP and LEAVE, are
-measured as written), control flow inside the block, a RIP-relative store (it would write
-into our code or data; a RIP-relative load, a compiler's constant, reads whatever is there,
-or a page mapped for it), or no general-purpose register left for the loop counter.
+measured as written), control flow inside the block, RIP-relative memory (a compiler's
+constants: the address would be in our code and data, and a value loaded from there, used
+as a pointer, could write anywhere in the harness; seen: a whole-corpus batch whose harness
+crashed on exit), %fs/%gs-relative memory (our thread-local storage: stack canaries, errno),
+or no general-purpose register left for the loop counter.
 Blocks that fault for other reasons (a divide error, a protection fault, more pages
 than allowed) or hang are the harness's failures, recorded per block: one never stops its
 batch.
@@ -126,12 +128,13 @@ def prepare(code: bytes, catalogue) -> Block:
         row = catalogue.by_name[name]
         if row.status != "ok" and row.mnemonic not in STACK_AS_WRITTEN:
             return Block(code, att=att, error=f"{text}: form {name} excluded ({row.reason})")
-        info = factory.info(ins)
-        if ins.is_ip_rel_memory_operand and any(m.access != ix.OpAccess.READ
-                                                for m in info.used_memory()):
-            return Block(code, att=att, error=f"{text}: RIP-relative store (it would write "
-                                              "into the harness's code or data)")
-        for u in info.used_registers():
+        if ins.is_ip_rel_memory_operand:
+            return Block(code, att=att, error=f"{text}: RIP-relative memory (it would address "
+                                              "the harness's code and data, not the block's)")
+        if ins.segment_prefix in (ix.Register.FS, ix.Register.GS):
+            return Block(code, att=att, error=f"{text}: %fs/%gs-relative memory (the "
+                                              "harness's thread-local storage)")
+        for u in factory.info(ins).used_registers():
             if not ix.RegisterExt.is_gpr(u.register):
                 continue
             used.add(x86.REG_NAMES[ix.RegisterExt.full_register(u.register)])
