@@ -65,22 +65,19 @@ _GPRS = ("RAX", "RCX", "RDX", "RBX", "RBP", "RSI", "RDI", "R8", "R9", "R10", "R1
          "R13", "R14", "R15")
 
 
-PREFIX = BLOCK_PREFIX
-
-
 def block_text(code: bytes) -> str:
     """The kernel text of a block measured as written: ``BLOCK:<hex>`` (its DB identity)."""
-    return PREFIX + code.hex()
+    return BLOCK_PREFIX + code.hex()
 
 
 def is_block(text: str) -> bool:
-    return text.startswith(PREFIX)
+    return text.startswith(BLOCK_PREFIX)
 
 
 def n_insns(text: str) -> int:
     """Instructions of the block of a ``BLOCK:<hex>`` text (0 where the bytes do not decode)."""
     try:
-        insns = x86.decode_all(bytes.fromhex(text[len(PREFIX):]))
+        insns = x86.decode_all(bytes.fromhex(text[len(BLOCK_PREFIX):]))
     except ValueError:
         return 0
     return sum(1 for i in insns if i.code != ix.Code.INVALID)
