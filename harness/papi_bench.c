@@ -37,6 +37,8 @@
  * One more than N pages, a kernel-space or low address, or a protection fault stays a SIGSEGV.
  * The page holds the 64-bit value --map-fill everywhere, as BHive's does: a pointer the block
  * loads from it points where the block's registers started, so pointer chases run too.
+ * A kernel that needs a new page after its warm-up fails ("pages mapped while timed"): its
+ * addresses change from call to call, and its timed calls would include page faults.
  *
  * Output (stdout, tab separated, flushed after every kernel): see CONTRACTS "Harness CLI".
  * Exit status: 0 batch ran (even with failed kernels), 2 usage error, 3 .so cannot be loaded.
@@ -123,6 +125,7 @@ static uint64_t map_fill;           /* --map-fill: the value every word of the p
 static int sandbox_fd = -1;         /* the one physical page every mapped page shows */
 static uintptr_t *mapped;           /* pages mapped for the kernel in flight */
 static volatile sig_atomic_t n_mapped, map_refused;
+static long timed_pages; /* pages the kernel in flight needed after its warm-up */
 
 /* Map the page of `addr` for the kernel in flight; 0 when it may not or cannot be. Raw
  * system calls: this runs in the SIGSEGV handler. */
@@ -342,6 +345,7 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct p
         k->f1(iters, arena);
         k->f2(iters, arena);
     }
+    long warm_pages = n_mapped;
     uint64_t *t1 = scratch, *t2 = scratch + pl->max_reps, *tmp = scratch + 2 * pl->max_reps;
     uint64_t started = tsc_begin();
     long next_check = pl->reps, n = 0;
@@ -384,6 +388,7 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct p
     *n_used = n;
     in_kernel = 0;
     set_timer(0);
+    timed_pages = n_mapped - warm_pages;
     return 0;
 }
 
@@ -634,6 +639,11 @@ int main(int argc, char **argv)
         if (sig != 0) {
             printf("fail\t%llu\t%s\t%s%s\n", (unsigned long long)i, id, signal_name(sig),
                    refused ? " (needs more pages than --map-pages)" : "");
+            n_failed++;
+        } else if (timed_pages > 0) {
+            /* its addresses change from call to call: the timed calls include page faults */
+            printf("fail\t%llu\t%s\tpages mapped while timed (%ld): its addresses change "
+                   "from call to call\n", (unsigned long long)i, id, timed_pages);
             n_failed++;
         } else {
             printf("iters\t%llu\t%llu\n", (unsigned long long)i, (unsigned long long)iters_used);
