@@ -113,3 +113,14 @@ def test_the_same_forms_as_a_multiset_run_without_the_chain(catalogue, host, tmp
                              bench.stable_tol)
     # one multiplier: about a cycle, far from the chain's 4
     assert agg.cycles_per_instance_est.iat[0] == pytest.approx(1.0, rel=0.1)
+
+
+def test_a_batch_with_nothing_left_to_measure_still_builds(catalogue, host, tmp_path):
+    """Every kernel of a planned batch already in the database: the rule's shared object is
+    still written (an empty batch), and measuring it gives no rows."""
+    bench = BenchSettings()
+    prep = batch.prepare_batch([], catalogue.df, host, bench, tmp_path / "empty.so")
+    assert (tmp_path / "empty.so").is_file() and prep.kernels == []
+    rows = batch.measure_prepared(prep, host, bench, harness.build_harness(tmp_path / "bin"),
+                                  "empty-test")
+    assert rows.empty

@@ -223,11 +223,8 @@ class _Parser:
                 if n < 1:
                     raise ValueError("iterations must be positive")
                 seg.iters[index] = n
-            elif kind == "pages" and len(f) == 3:
-                index, n = self._in_flight(f[1]), int(f[2])
-                if n < 0:
-                    raise ValueError("pages must not be negative")
-                seg.pages[index] = n
+            elif kind == "pages" and len(f) == 3 and int(f[2]) >= 0:
+                seg.pages[self._in_flight(f[1])] = int(f[2])
             elif kind == "row" and len(f) == 12:
                 self._row(f)
             elif kind == "end" and len(f) == 5:
@@ -408,10 +405,9 @@ def run_batch(
     silent for 2 * timeout_s + watchdog_margin_s is killed and its kernel in flight recorded as
     a "hang".  progress(n_finished) is called after each kernel, measured or failed.
     cpu None lets the harness pick the last CPU this process may run on. ``indices`` measures
-    only those kernels of the batch, in that order (default: all of them). ``map_pages`` > 0
-    maps up to that many pages per kernel on demand (blocks measured as written: whatever
-    their registers point at), every word of them holding ``map_fill``; each row then has
-    ``pages``, the pages its kernel needed.
+    only those kernels of the batch, in that order (default: all of them). ``map_pages`` > 0:
+    pages mapped on demand per kernel, filled with ``map_fill`` (blocks as written; rows
+    then have ``pages``).
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
