@@ -32,7 +32,7 @@ WALK = bytes.fromhex("4883042440488b0424488b18")
 def test_blocks_that_cannot_run_as_written_say_why(catalogue):
     ok = blockgen.prepare(CHAIN, catalogue)
     assert ok.error == "" and ok.forms == ("ADD_R64_R64", "IMUL_R64_R64")
-    assert ok.att == ("add %rax,%rbx", "imul %rbx,%rbx") and ok.counter == "R15"
+    assert ok.att == ("add %rax, %rbx", "imul %rbx, %rbx") and ok.counter == "R15"
     reasons = {code: blockgen.prepare(code, catalogue).error
                for code in (CR0, JNE, RIP, CPUID, b"\x48\x8b")}
     assert "not in the catalogue" in reasons[CR0]

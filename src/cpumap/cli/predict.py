@@ -44,9 +44,8 @@ class Resolver:
     def __init__(self, forms: Iterable[str], ctx: Context, model_path: Path):
         # loaded already with the model (resmodel imports it): taken once, not per line
         from cpumap.measure import asmgen
-        from cpumap.model import resmodel
 
-        self._asmgen, self._resmodel = asmgen, resmodel
+        self._asmgen = asmgen
         self.known = set(forms)
         self.upper = {f.upper(): f for f in self.known}
         self.ctx = ctx
@@ -101,7 +100,7 @@ class Resolver:
         # on a host that pays for switching between legacy SSE and 256-bit AVX (measured by
         # the catalogue stage, carried by the model), the switches of the generator's layout
         # of the kernel, at their measured cost, on top of the resource bound
-        switches, extra = self._resmodel.switching(predictor.model, kernel)
+        switches, extra = predictor.switching(kernel)
         cycles = bound + extra
         n = sum(kernel.values())
         return {"kernel": self._asmgen.canonical(kernel), "n_insns": n, "cycles": cycles,

@@ -58,18 +58,13 @@ def corpus_blocks(sources: dict[str, Path], catalogue) -> pd.DataFrame:
     rows = []
     for app, path in sources.items():
         for i, (hexes, freq) in enumerate(read_corpus(path)):
-            code = bytes.fromhex(hexes)
-            insns = x86.decode_all(code)
-            parts, pos = [], 0
-            for ins in insns:
-                parts.append(code[pos:pos + ins.len].hex())
-                pos += ins.len
-            if pos != len(code) or not parts:
-                parts = [hexes]  # does not decode: the analyzers say so (render_att)
-            forms = [catalogue.by_key.get(x86.form_key(ins), "") for ins in insns] \
-                if len(parts) == len(insns) else [""]
+            # an invalid instruction or an empty line stays in the table: the analyzers say
+            # so (render_att)
+            decoded = x86.instruction_hexes(bytes.fromhex(hexes))
+            parts = [h for _, h in decoded] or [hexes]
+            forms = [catalogue.by_key.get(x86.form_key(ins), "") for ins, _ in decoded] or [""]
             rows.append({"benchmark": app, "function": "", "block_id": i, "address": 0,
-                         "end": len(code), "n_insns": len(parts), "insns": [],
+                         "end": len(hexes) // 2, "n_insns": len(parts), "insns": [],
                          "hexes": parts, "forms": forms, "terminator": "",
                          "frequency": float(freq), "code": hexes})
     return pd.DataFrame(rows)

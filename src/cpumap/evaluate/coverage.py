@@ -80,18 +80,8 @@ class _Forms:
     def __init__(self, catalogue: Catalogue, modelled: Iterable[str]):
         self.cat = catalogue
         self.modelled = set(modelled)
-        self.cache: dict[str, list[str]] = {}
         self.fams = transition.families(catalogue.df)
-        self.mix_cache: dict[str, bool] = {}
-
-    def mixes(self, hexes: str) -> bool:
-        """Whether the block holds legacy-SSE and 256-bit AVX forms both."""
-        hit = self.mix_cache.get(hexes)
-        if hit is None:
-            hit = self.mix_cache[hexes] = transition.mixes(
-                (self.cat.by_key.get(x86.form_key(ins), "")
-                 for ins in x86.decode_all(bytes.fromhex(hexes))), self.fams)
-        return hit
+        self.cache: dict[str, tuple[list[str], bool]] = {}
 
     def why(self, form: str, code: str) -> str:
         if not form:
@@ -101,15 +91,26 @@ class _Forms:
             return f"{form} (excluded: {row.reason})"
         return f"{form} (not modelled)"
 
-    def missing(self, hexes: str) -> list[str]:
-        """Why each instruction of the block the model does not hold is missing."""
+    def _block(self, hexes: str) -> tuple[list[str], bool]:
+        """(why each instruction the model does not hold is missing, whether the block holds
+        legacy-SSE and 256-bit AVX forms both), decoded once per distinct block."""
         hit = self.cache.get(hexes)
         if hit is None:
-            hit = self.cache[hexes] = [
-                self.why(form, x86.CODE_NAMES[ins.code])
-                for ins in x86.decode_all(bytes.fromhex(hexes))
-                if (form := self.cat.by_key.get(x86.form_key(ins), "")) not in self.modelled]
+            insns = x86.decode_all(bytes.fromhex(hexes))
+            forms = [self.cat.by_key.get(x86.form_key(ins), "") for ins in insns]
+            hit = self.cache[hexes] = (
+                [self.why(form, x86.CODE_NAMES[ins.code])
+                 for ins, form in zip(insns, forms, strict=True) if form not in self.modelled],
+                transition.mixes(forms, self.fams))
         return hit
+
+    def missing(self, hexes: str) -> list[str]:
+        """Why each instruction of the block the model does not hold is missing."""
+        return self._block(hexes)[0]
+
+    def mixes(self, hexes: str) -> bool:
+        """Whether the block holds legacy-SSE and 256-bit AVX forms both."""
+        return self._block(hexes)[1]
 
 
 def read_corpus(path: Path | str) -> list[tuple[str, float]]:

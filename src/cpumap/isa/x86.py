@@ -406,6 +406,11 @@ def decode_all(data: bytes) -> list[Instruction]:
     return list(Decoder(64, data))
 
 
+def instruction_hexes(data: bytes) -> list[tuple[Instruction, str]]:
+    """Each decoded instruction of ``data`` with its own bytes (hex)."""
+    return [(ins, data[ins.ip:ins.ip + ins.len].hex()) for ins in decode_all(data)]
+
+
 def form_key(instr: Instruction) -> tuple[str, bool]:
     """The (code, memory-variant) key of a decoded instruction, as used by the catalogue."""
     has_mem = any(instr.op_kind(i) == ix.OpKind.MEMORY for i in range(instr.op_count))

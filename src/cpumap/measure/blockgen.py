@@ -99,20 +99,13 @@ class Block:
         return block_text(self.code)
 
 
-def _formatter() -> ix.Formatter:
-    fmt = ix.Formatter(ix.FormatterSyntax.GAS)
-    fmt.uppercase_hex = False
-    return fmt
-
-
 def prepare(code: bytes, catalogue) -> Block:
     """Decode ``code`` and check it can run as written (see the module docstring)."""
-    insns = x86.decode_all(code)
-    if not insns or sum(i.len for i in insns) != len(code) or any(
-            i.code == ix.Code.INVALID for i in insns):
+    decoded = x86.instruction_hexes(code)
+    insns = [ins for ins, _ in decoded]
+    if not insns or any(i.code == ix.Code.INVALID for i in insns):
         return Block(code, error="bytes that do not decode as x86-64 instructions")
-    fmt = _formatter()
-    att = tuple(fmt.format(i) for i in insns)
+    att = tuple(x86.att(i) for i in insns)
     forms, used = [], set()
     factory = ix.InstructionInfoFactory()
     for ins, text in zip(insns, att, strict=True):
@@ -141,11 +134,7 @@ def prepare(code: bytes, catalogue) -> Block:
         return Block(code, att=att, forms=tuple(forms),
                      error="uses every general-purpose register (none left for the loop "
                            "counter)")
-    hexes, pos = [], 0
-    for ins in insns:
-        hexes.append(code[pos:pos + ins.len].hex())
-        pos += ins.len
-    return Block(code, tuple(hexes), att, tuple(forms), free[0])
+    return Block(code, tuple(h for _, h in decoded), att, tuple(forms), free[0])
 
 
 def _function(label: str, block: Block, copies: int, params: GenParams,

@@ -279,6 +279,11 @@ class Predictor:
         self.labels = resource_labels(model)
         self._pairs = _interacting_pairs(model)
         self._approximate = frozenset(model.approximate)
+        self._sse_avx = model.sse_avx
+
+    def switching(self, kernel: Mapping[str, int]) -> tuple[int, float]:
+        """:func:`switching` of a multiset, the model's switching record read once."""
+        return _switching(*self._sse_avx, kernel, None)
 
     def predict(self, kernel: Mapping[str, int]) -> tuple[float, str | None]:
         """Cycles per instance and bottleneck resource; KeyError names an unknown form."""
@@ -321,7 +326,11 @@ def switching(model: ResourceModel, kernel: Mapping[str, int] | str,
     run as a loop body: in ``sequence``'s order (a real block), else in the order the
     generator lays a multiset out (``asmgen.interleave``, what ``cpumap measure`` runs).
     (0, 0.0) on a host without the penalty: the resource bound is then the prediction."""
-    fams, cost = model.sse_avx
+    return _switching(*model.sse_avx, kernel, sequence)
+
+
+def _switching(fams: Mapping[str, str], cost: float, kernel: Mapping[str, int] | str,
+               sequence: Iterable[str] | None) -> tuple[int, float]:
     if not fams:
         return 0, 0.0
     k = parse_canonical(kernel) if isinstance(kernel, str) else dict(kernel)

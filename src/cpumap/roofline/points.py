@@ -39,7 +39,7 @@ import pandas as pd
 from cpumap.evaluate import suite
 from cpumap.evaluate.blocks import extract_blocks, function_bounds
 from cpumap.evaluate.counting import count_blocks
-from cpumap.isa.x86 import decode_all
+from cpumap.isa.x86 import decode_all, instruction_hexes
 from cpumap.roofline.flops import work_of_hex
 
 LINE = 64
@@ -59,11 +59,7 @@ class SkipPoint(RuntimeError):
 def function_code(binary: Path, function: str) -> dict[int, str]:
     """Address -> instruction bytes (hex) of every instruction of ``function``."""
     addr, _size, code = function_bounds(binary, function)
-    out = {}
-    for ins in decode_all(code):
-        off = ins.ip
-        out[addr + off] = code[off: off + ins.len].hex()
-    return out
+    return {addr + ins.ip: h for ins, h in instruction_hexes(code)}
 
 
 def has_evex(binary: Path, function: str) -> bool:

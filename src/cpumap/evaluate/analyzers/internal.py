@@ -168,7 +168,7 @@ class WrittenAnalyzer(NativeAnalyzer):
 
     def describe(self) -> str:
         return ("the block as written, BHive-style (its own bytes in the harness's n/2n loops, "
-                "registers at 0x2324000, pages mapped on first touch; TSC-calibrated here)")
+                f"registers at {blockgen.BLOCK_INIT:#x}, pages mapped on first touch)")
 
     def kernel(self, b: BlockInput) -> tuple[str, str]:
         if not b.code:
