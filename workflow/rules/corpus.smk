@@ -79,7 +79,7 @@ rule corpus_predict_native:
         evaluate=EVAL,
         bench=config["bench"],
         machine=config["machine"],
-        workdir=lambda wildcards: f"{CDIR}/work-{wildcards.analyzer}",
+        workdir=f"{CDIR}/work-{{analyzer}}",
     threads: 1
     resources:
         measure_slots=1,

@@ -79,7 +79,7 @@ rule eval_predict_native:
         evaluate=EVAL,
         bench=config["bench"],
         machine=config["machine"],
-        workdir=lambda wildcards: f"{EDIR}/work-{wildcards.analyzer}",
+        workdir=f"{EDIR}/work-{{analyzer}}",
     threads: 1
     resources:
         measure_slots=1,
