@@ -9,11 +9,20 @@ with the environment variable CPUMAP_GDB_SPEC naming a JSON file:
     {"function": str, "entry": int (ELF address of the function), "args": [str, ...],
      "addresses": [int, ...] (ELF addresses of the blocks to count), "out": path,
      "loops": [{"block", "pred_last", "exit": int (ELF addresses), "reg": str, "step": int,
-                "width": 32|64}, ...]}
+                "width": 32|64}, ...],
+     "reps": [{"address", "next": int (ELF addresses), "width": 32|64,
+               "cond": "rep"|"repe"|"repne"}, ...]}
 
 Loops (cpumap.evaluate.flow.TripLoop): the register is read at the last instruction of the loop's
 predecessor and again at its exit block; (difference / step) is the number of executions of
 the loop block for that entry, summed into ``loop_counts``.
+
+Repeated string instructions (cpumap.evaluate.blocks.RepString): the count register is read
+at the instruction and again at the next address, where it always goes when done; the
+difference is its iterations.  ``rep_counts`` gives per instruction: executions, iterations,
+and ``executed`` as Callgrind counts a repeated instruction (one per iteration, plus one for the
+final check that finds the count register at 0, which a repe/repne stopped by its comparison
+does not make).
 
 Program arguments: gdb 13 without a startup shell splits its argument string at whitespace
 and does no quoting, so arguments without whitespace are passed that way (no shell at all);
@@ -121,6 +130,49 @@ class _LoopExit(gdb.Breakpoint):
         return False
 
 
+class _RepAt(gdb.Breakpoint):
+    """At a repeated string instruction: remember the count register.
+
+    gdb steps over a breakpoint one iteration at a time (the trap flag stops a repeated
+    instruction after each), so the breakpoint would be hit again at every iteration: it is
+    disabled until _RepNext has seen the instruction finish."""
+
+    def __init__(self, spec, rep):
+        super().__init__(spec, internal=True)
+        self.rep, self.hits = rep, 0
+
+    def stop(self):
+        self.hits += 1
+        self.rep["before"] = _reg("rcx") & ((1 << self.rep["width"]) - 1)
+        self.enabled = False
+        return False
+
+
+class _RepNext(gdb.Breakpoint):
+    """After it: iterations = the count register's decrease."""
+
+    def __init__(self, spec, rep, at):
+        super().__init__(spec, internal=True)
+        self.rep, self.at, self.hits = rep, at, 0
+
+    def stop(self):
+        self.hits += 1
+        rep = self.rep
+        if rep["before"] is None:  # reached by another path
+            return False
+        after = _reg("rcx") & ((1 << rep["width"]) - 1)
+        k = (rep["before"] - after) & ((1 << rep["width"]) - 1)
+        zf = (_reg("eflags") >> 6) & 1
+        stopped_by_compare = k > 0 and ((rep["cond"] == "repe" and zf == 0)
+                                        or (rep["cond"] == "repne" and zf == 1))
+        rep["executions"] += 1
+        rep["iterations"] += k
+        rep["executed"] += k + (0 if stopped_by_compare else 1)
+        rep["before"] = None
+        self.at.enabled = True
+        return False
+
+
 def _reg(name):
     return int(gdb.selected_frame().read_register(name)) & ((1 << 64) - 1)
 
@@ -182,6 +234,12 @@ def main():
         loops.append(state)
         loop_bps.append(_LoopEntry(f"*{int(lp['pred_last']) + bias:#x}", state, errors))
         loop_bps.append(_LoopExit(f"*{int(lp['exit']) + bias:#x}", state, errors))
+    reps = []
+    for rp in spec.get("reps", []):
+        state = dict(rp, before=None, executions=0, iterations=0, executed=0)
+        reps.append(state)
+        at = _RepAt(f"*{int(rp['address']) + bias:#x}", state)
+        loop_bps += [at, _RepNext(f"*{int(rp['next']) + bias:#x}", state, at)]
     ret_bp = _Return(f"*{ret:#x}", sp)
     gdb.execute("continue", to_string=True)
     t1 = time.perf_counter()
@@ -191,12 +249,15 @@ def main():
         _write(out, {"error": f"{func} did not return: {why}"})
         return
     if errors:
-        _write(out, {"error": "trip-count loops: " + "; ".join(errors[:5])})
+        _write(out, {"error": "trip-count loops or rep instructions: " + "; ".join(errors[:5])})
         return
     counts = {str(a): int(bp.hit_count) for a, bp in counters.items()}
     loop_counts = {str(int(lp["block"])): lp["total"] for lp in loops}
     hits = sum(counts.values()) + sum(bp.hits for bp in loop_bps)
-    _write(out, {"counts": counts, "loop_counts": loop_counts, "bias": bias,
+    rep_counts = {str(int(r["address"])): {k: r[k] for k in ("executions", "iterations",
+                                                              "executed")} for r in reps}
+    _write(out, {"counts": counts, "loop_counts": loop_counts, "rep_counts": rep_counts,
+                 "bias": bias,
                  "region_seconds": t1 - t0, "startup_seconds": t0 - t_start, "hits": hits})
     gdb.execute("kill", to_string=True)
 

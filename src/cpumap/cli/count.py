@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cpumap.cli.context import UsageError
+from cpumap.cli.context import UsageError, say
 
 
 def _options(p: argparse.ArgumentParser, defaults: bool) -> None:
@@ -38,17 +38,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def _split_rest(args: argparse.Namespace) -> list[str]:
-    """Merge options given after BINARY into ``args``; return the program arguments."""
+def split_rest(args: argparse.Namespace, options=_options,
+               command: str = "cpumap count-blocks") -> list[str]:
+    """Merge options given after BINARY into ``args``; return the program arguments.
+
+    ``options(parser, defaults)`` adds the subcommand's options (count-blocks' and analyze's
+    share this way of taking ``BINARY --function NAME [-- ARGS...]``)."""
     rest = list(args.rest)
     prog: list[str] = []
     if "--" in rest:
         k = rest.index("--")
         rest, prog = rest[:k], rest[k + 1:]
     if rest:
-        p = argparse.ArgumentParser(prog="cpumap count-blocks", add_help=False,
-                                    exit_on_error=False)
-        _options(p, defaults=False)
+        p = argparse.ArgumentParser(prog=command, add_help=False, exit_on_error=False)
+        options(p, defaults=False)
         try:
             extra, unknown = p.parse_known_args(rest)
         except argparse.ArgumentError as exc:
@@ -59,7 +62,7 @@ def _split_rest(args: argparse.Namespace) -> list[str]:
         for key, val in vars(extra).items():
             setattr(args, key, val)
     if not args.function:
-        raise UsageError("count-blocks needs --function NAME")
+        raise UsageError(f"{command.split()[-1]} needs --function NAME")
     return prog
 
 
@@ -67,19 +70,21 @@ def run(args: argparse.Namespace, ctx: Any = None) -> int:
     # local: Capstone, pyelftools and iced-x86 are only needed here, not to start `cpumap`
     from cpumap.evaluate.blocks import BlockError, FunctionNotFound, extract_blocks
     from cpumap.evaluate.counting import DEFAULT_TIMEOUT_S, CountError, count
+    from cpumap.evaluate.symbols import resolve_function
 
-    prog_args = _split_rest(args)
+    prog_args = split_rest(args)
     timeout = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S
     if not args.binary.is_file():
         raise UsageError(f"no such binary: {args.binary}")
     try:
-        blocks = extract_blocks(args.binary, args.function)
-    except FunctionNotFound as exc:
-        raise UsageError(str(exc)) from exc
-    except BlockError as exc:
+        found = resolve_function(args.binary, args.function)
+        if found.note:
+            say(found.note)
+        blocks = extract_blocks(args.binary, found.symbol)
+    except (FunctionNotFound, BlockError) as exc:
         raise UsageError(str(exc)) from exc
     try:
-        res = count(args.binary, args.function, blocks, prog_args,
+        res = count(args.binary, found.symbol, blocks, prog_args,
                     all_blocks=args.all_blocks, timeout=timeout)
     except CountError as exc:
         raise RuntimeError(str(exc)) from exc
@@ -93,6 +98,13 @@ def run(args: argparse.Namespace, ctx: Any = None) -> int:
         for r in rows:
             print(f"{r['address']:#18x} {r['n_insns']:5d} {r['occurrences']:12d}  {r['method']}")
         m = res.meta()
+        for rep in m["rep_instructions"]:
+            print(f"# {rep['address']:#x} {rep['text']}: {rep['iterations']} iterations in "
+                  f"{rep['executions']} executions, {rep['executed']} as Callgrind counts it",
+                  file=sys.stderr)
+        print(f"# {m['instructions_static']} instructions by the blocks' static counts, "
+              f"{m['instructions_executed']} executed (repeated string instructions per "
+              "iteration)", file=sys.stderr)
         print(f"# {m['breakpoints']} blocks counted by breakpoint, {m['derived']} derived; "
               f"{m['breakpoint_hits']} hits in {m['region_seconds']:.3f} s; run {m['seconds']:.2f}"
               f" s under gdb vs {m['plain_seconds']:.3f} s plain", file=sys.stderr)

@@ -44,11 +44,12 @@ import pandas as pd
 import pyarrow as pa
 from elftools.elf.elffile import ELFFile
 
+from cpumap.evaluate.symbols import FunctionNotFound, resolve_function
 from cpumap.isa import x86
 from cpumap.store.files import write_table_atomic
 
-__all__ = ["Block", "BlockError", "FunctionNotFound", "blocks_frame", "extract_blocks",
-           "function_bounds", "suite_forms", "write_blocks"]
+__all__ = ["Block", "BlockError", "FunctionNotFound", "RepString", "blocks_frame",
+           "extract_blocks", "function_bounds", "rep_strings", "suite_forms", "write_blocks"]
 
 BLOCKS_SCHEMA = pa.schema([
     ("benchmark", pa.string()), ("function", pa.string()), ("block_id", pa.int64()),
@@ -59,14 +60,12 @@ BLOCKS_SCHEMA = pa.schema([
 ])
 
 _TRAPS = {"ud2", "ud1", "ud0", "int3", "hlt", "int1"}
+#: string instructions that compare, and so stop early under repe/repne
+_COMPARING = ("CMPSB", "CMPSW", "CMPSD", "CMPSQ", "SCASB", "SCASW", "SCASD", "SCASQ")
 
 
 class BlockError(ValueError):
     """The function cannot be split (not in the binary, undecodable bytes, overlapping code)."""
-
-
-class FunctionNotFound(BlockError):
-    """No function symbol of that name in the binary."""
 
 
 @dataclass
@@ -121,7 +120,9 @@ def function_bounds(binary: Path | str, function: str) -> tuple[int, int, bytes]
             raise BlockError(f"{path} is not an x86-64 binary ({elf.get_machine_arch()})")
         sym = _symbol(elf, function)
         if sym is None:
-            raise FunctionNotFound(f"no function {function!r} in {path}")
+            found = resolve_function(path, function)  # raises, naming the closest symbols
+            raise FunctionNotFound(f"no function {function!r} in {path}; did you mean "
+                                   f"{found.symbol!r}? ({found.note})")
         addr, size = sym
         if size <= 0:
             raise BlockError(f"function {function!r} in {path} has no size in its symbol")
@@ -367,3 +368,35 @@ def suite_forms(tables: Iterable[pd.DataFrame | Path | str], catalogue=None) -> 
     if catalogue is not None:
         forms = {f for f in forms if f in catalogue.by_name and catalogue.ok(f)}
     return sorted(forms)
+
+
+@dataclass(frozen=True)
+class RepString:
+    """A repeated string instruction (``rep stos``, ``repe cmps``...): one instruction whose
+    work, and cost, grows with the count register, so a block's static instruction count says
+    nothing of what it executed."""
+
+    address: int
+    next: int  # the address after it: where it always goes when done
+    text: str
+    width: int  # 64 (RCX) or 32 (ECX, with an address-size prefix)
+    cond: str  # "rep" (runs RCX times) | "repe" | "repne" (can stop early on ZF)
+
+
+def rep_strings(block: Block) -> list[RepString]:
+    """The repeated string instructions of a block, in order."""
+    import iced_x86 as ix
+
+    out = []
+    addr = block.address
+    for h, text in zip(block.hexes, block.insns, strict=True):
+        ins = ix.Decoder(64, bytes.fromhex(h), ip=addr).decode()
+        if ins.is_string_instruction and (ins.has_rep_prefix or ins.has_repne_prefix):
+            kinds = {ins.op_kind(k) for k in range(ins.op_count)}
+            width = 32 if kinds & {ix.OpKind.MEMORY_ESEDI, ix.OpKind.MEMORY_SEG_ESI} else 64
+            cond = "rep"
+            if ins.mnemonic in {getattr(ix.Mnemonic, m) for m in _COMPARING}:
+                cond = "repne" if ins.has_repne_prefix else "repe"
+            out.append(RepString(addr, addr + ins.len, text, width, cond))
+        addr += len(h) // 2
+    return out

@@ -26,14 +26,20 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
-from cpumap.evaluate.blocks import Block, BlockError, extract_blocks
+from cpumap.evaluate.blocks import (
+    Block,
+    BlockError,
+    FunctionNotFound,
+    extract_blocks,
+    rep_strings,
+)
 from cpumap.evaluate.flow import CountError, derive_counts, plan_counting
 from cpumap.evaluate.flow import plan_breakpoints as plan_breakpoints  # re-exported
 from cpumap.store.files import write_json_atomic, write_table_atomic
@@ -62,6 +68,15 @@ class CountResult:
     seconds: float                   # wall time of the gdb process
     region_seconds: float            # entry -> return under gdb
     plain_seconds: float | None = None  # wall time of a plain run of the same command
+    #: repeated string instructions: address -> block_id, text, executions, iterations and
+    #: executed (Callgrind's count of the instruction; harness/gdb_count.py)
+    reps: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def executed_instructions(self) -> int:
+        """Instructions executed, each iteration of a repeated string instruction counted as
+        Callgrind counts it (the static count takes such an instruction once per execution)."""
+        static = sum(c * self.blocks[v].n_insns for v, c in self.counts.items())
+        return static + sum(r["executed"] - r["executions"] for r in self.reps.values())
 
     @property
     def by_address(self) -> dict[int, int]:
@@ -76,6 +91,10 @@ class CountResult:
                 "derived": sum(m == "derived" for m in self.method.values()),
                 "breakpoint_hits": self.hits,
                 "occurrences_total": int(sum(self.counts.values())),
+                "instructions_static": int(sum(c * self.blocks[v].n_insns
+                                               for v, c in self.counts.items())),
+                "instructions_executed": self.executed_instructions(),
+                "rep_instructions": [{"address": a, **r} for a, r in sorted(self.reps.items())],
                 "seconds": self.seconds, "region_seconds": self.region_seconds,
                 "hits_per_second": hits_per_s, "plain_seconds": self.plain_seconds,
                 "slowdown": (self.seconds / self.plain_seconds
@@ -93,7 +112,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[int],
             args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
-            gdb: str = "gdb", loops: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+            gdb: str = "gdb", loops: Sequence[dict[str, Any]] = (),
+            reps: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Hit counts (ELF address -> hits) of breakpoints on ``addresses`` for one invocation.
 
     The arguments travel in a JSON file named in the environment (harness/gdb_count.py says
@@ -107,7 +127,7 @@ def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[i
         spec.write_text(json.dumps({"function": function, "entry": int(entry),
                                     "addresses": [int(a) for a in addresses],
                                     "args": [str(a) for a in args], "out": str(out),
-                                    "loops": list(loops)}))
+                                    "loops": list(loops), "reps": list(reps)}))
         cmd = [gdb, "-batch", "-nx", "-x", str(GDB_SCRIPT), str(binary.resolve())]
         env = dict(os.environ, CPUMAP_GDB_SPEC=str(spec), SHELL="/bin/sh")
         t0 = time.perf_counter()
@@ -133,6 +153,7 @@ def run_gdb(binary: Path | str, function: str, entry: int, addresses: Sequence[i
     res["seconds"] = seconds
     res["counts"] = {int(a): int(c) for a, c in res["counts"].items()}
     res["loop_counts"] = {int(a): int(c) for a, c in res.get("loop_counts", {}).items()}
+    res["rep_counts"] = {int(a): c for a, c in res.get("rep_counts", {}).items()}
     return res
 
 
@@ -164,17 +185,27 @@ def count(binary: Path | str, function: str, blocks: Sequence[Block] | None = No
     loop_specs = [{"block": blocks[v].address, "pred_last": t.pred_last,
                    "exit": blocks[t.exit].address, "reg": t.reg, "step": t.step,
                    "width": t.width} for v, t in loops.items()]
-    res = run_gdb(binary, function, blocks[0].address, [blocks[v].address for v in measured],
-                  args, timeout, gdb, loop_specs)
-    hits = {v: res["counts"][blocks[v].address] for v in measured}
+    rep_at = {r.address: (b.block_id, r) for b in blocks for r in rep_strings(b)}
+    rep_specs = [{"address": r.address, "next": r.next, "width": r.width, "cond": r.cond}
+                 for _, r in rep_at.values()]
+    # a block that starts with a repeated instruction is counted by the rep's own breakpoints
+    # (a plain one there would count its iterations: gdb steps over it one at a time)
+    by_rep = {v for v in measured if blocks[v].address in rep_at}
+    res = run_gdb(binary, function, blocks[0].address,
+                  [blocks[v].address for v in measured if v not in by_rep],
+                  args, timeout, gdb, loop_specs, rep_specs)
+    hits = {v: (res["rep_counts"][blocks[v].address]["executions"] if v in by_rep
+                else res["counts"][blocks[v].address]) for v in measured}
     hits |= {v: res["loop_counts"][blocks[v].address] for v in loops}
     counts = derive_counts(blocks, hits)
     method = {v: ("trip" if v in loops else "breakpoint" if v in hits else "derived")
               for v in counts}
     plain_s = plain_run_seconds(binary, args, timeout) if plain else None
+    reps = {a: {"block_id": v, "text": r.text, **res["rep_counts"][a]}
+            for a, (v, r) in rep_at.items()}
     return CountResult(str(binary), function, [str(a) for a in args], blocks, counts, method,
                        int(res["hits"]), float(res["seconds"]), float(res["region_seconds"]),
-                       plain_s)
+                       plain_s, reps)
 
 
 def count_blocks(binary: Path | str, function: str, blocks: Sequence[Block] | None = None,
@@ -192,7 +223,7 @@ def count_many(jobs: Sequence[dict[str, Any]], processes: int = 2) -> list[Count
     def one(job: dict[str, Any]) -> CountResult | str:
         try:
             return count(**job)
-        except (CountError, BlockError, OSError) as exc:
+        except (CountError, BlockError, FunctionNotFound, OSError) as exc:
             return f"{job.get('binary')}: {exc}"
 
     with ThreadPoolExecutor(max_workers=max(1, processes)) as pool:
