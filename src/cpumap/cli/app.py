@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cpumap.cli import analyze as analyze_cli
 from cpumap.cli import count as count_cli
 from cpumap.cli import measure as measure_cli
 from cpumap.cli import predict as predict_cli
@@ -12,8 +13,8 @@ from cpumap.cli import roofline as roofline_cli
 from cpumap.cli import store as store_cli
 from cpumap.cli.context import Context, UsageError, say
 
-DESCRIPTION = ("Measure and model the CPU: measure and predict kernels, count basic blocks, "
-               "rooflines, archives.")
+DESCRIPTION = ("Measure and model the CPU: measure and predict kernels, analyze a function of "
+               "any binary, count basic blocks, rooflines, archives.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     measure_cli.add_parsers(sub)  # measure, forms, catalogue, machine
     predict_cli.add_parser(sub)  # predict
     count_cli.add_parser(sub)  # count-blocks
+    analyze_cli.add_parser(sub)  # analyze
     store_cli.add_parsers(sub)  # archive, restore, merge
     roofline_cli.add_parser(sub)  # roofline
     return p
