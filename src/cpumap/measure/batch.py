@@ -28,7 +28,7 @@ from cpumap.store import db
 
 #: The noise monitor: measured first in every batch, so that the report can show how quiet the
 #: host was over a run. Integer adds on all four ALUs are what a neighbour on the same core
-#: slows down most (README "Measurement"); its estimate should stay at 0.25 cycles on Zen 3/4
+#: slows down most (docs/measurement.md); its estimate should stay at 0.25 cycles on Zen 3/4
 #: while its median repetition shows the neighbour.
 MONITOR_KERNEL = "ADD_R64_R64"
 

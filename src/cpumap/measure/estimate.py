@@ -3,7 +3,7 @@ what the neighbours did.
 
 On a cloud VM the physical core is shared: a neighbour takes integer ALU slots for minutes,
 and a call measured then runs 30-70 % slow, while calls that fell into a quiet moment run at
-the CPU's own speed (README "Measurement": an independent C loop of 20,000 adds, timed 2,000
+the CPU's own speed (docs/measurement.md: an independent C loop of 20,000 adds, timed 2,000
 times, gave 0.253-0.258 cycles per add at the 1st percentile and 0.31-0.34 at the median).
 Interference only ever lengthens a call, so each timed quantity is estimated from the low end
 of its repetitions (:func:`robust_low`): the mean of the samples within 0.3 % (and one timer
