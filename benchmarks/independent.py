@@ -153,11 +153,13 @@ int main(int argc, char **argv) {
 """
 
 
-def write_program(names: list[str], unroll: int) -> str:
-    """C source: the kernel table plus file-scope asm for U and 2U of every kernel."""
+def write_program(names: list[str], unroll: int, kernels: dict | None = None) -> str:
+    """C source: the kernel table plus file-scope asm for U and 2U of every kernel
+    (``kernels`` adds to or overrides KERNELS: benchmarks/latency_check.py's chains)."""
+    table = KERNELS | (kernels or {})
     parts, entries = [C_MAIN], []
     for k, name in enumerate(names):
-        body, setup = KERNELS[name]
+        body, setup = table[name]
         for suffix, u in (("one", unroll), ("two", 2 * unroll)):
             parts.append(f"__asm__(\n{json.dumps(asm_function(f'k{k}_{suffix}', body, setup, u))}"
                          "\n);")
@@ -169,12 +171,12 @@ def write_program(names: list[str], unroll: int) -> str:
 
 
 def measure(forms: list[str], cpu: int, unroll: int, runs: int, target_ms: float,
-            chunk_ms: float = 0.05) -> dict:
+            chunk_ms: float = 0.05, kernels: dict | None = None) -> dict:
     """Compile and run the program; return {form: cycles/insn, "_ghz": .., "_ghz_drift": ..}."""
     names = ["_CLOCK_ADD_CHAIN"] + forms
     with tempfile.TemporaryDirectory(prefix="cpumap-indep-") as tmp:
         src, exe = Path(tmp) / "indep.c", Path(tmp) / "indep"
-        src.write_text(write_program(names, unroll))
+        src.write_text(write_program(names, unroll, kernels))
         subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
         cmd = [str(exe), str(cpu), str(unroll), str(runs), str(target_ms), str(chunk_ms)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

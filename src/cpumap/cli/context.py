@@ -73,3 +73,19 @@ class Context:
                                            smoke_run=smoke, runner=runner, progress=say)
             files.write_parquet_atomic(df, path)
         return catalogue.Catalogue.load(path)
+
+
+def resolve_kernel(cat: catalogue.Catalogue, terms: list[str]) -> dict[str, int]:
+    """Form -> count of a kernel given as terms (form names or AT&T, ``*N``); UsageError
+    names what is unknown."""
+    from cpumap.isa import catalogue
+    from cpumap.measure import asmgen
+
+    kernel: dict[str, int] = {}
+    try:
+        for text, n in asmgen.parse_kernel_terms(terms):
+            name = cat.resolve(text)
+            kernel[name] = kernel.get(name, 0) + n
+    except (catalogue.UnknownInstruction, asmgen.KernelError) as exc:
+        raise UsageError(str(exc)) from exc
+    return kernel

@@ -8,26 +8,11 @@ import os
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from cpumap.cli.context import Context, UsageError, say
+from cpumap.cli.context import Context, resolve_kernel, say
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from cpumap.isa import catalogue
-
-
-def resolve_kernel(cat: catalogue.Catalogue, terms: list[str]) -> dict[str, int]:
-    from cpumap.isa import catalogue
-    from cpumap.measure import asmgen
-
-    kernel: dict[str, int] = {}
-    try:
-        for text, n in asmgen.parse_kernel_terms(terms):
-            name = cat.resolve(text)
-            kernel[name] = kernel.get(name, 0) + n
-    except (catalogue.UnknownInstruction, asmgen.KernelError) as exc:
-        raise UsageError(str(exc)) from exc
-    return kernel
 
 
 def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
@@ -78,6 +63,10 @@ def _recent(db_dir, machine_id: str, hours: float = 1.0) -> pd.DataFrame | None:
 
 
 def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
+    if args.latency:
+        from cpumap.cli.latency import cmd_latency
+
+        return cmd_latency(args, ctx)
     from cpumap.measure import asmgen, batch, harness
     from cpumap.measure.settings import BenchSettings
     from cpumap.store import db
@@ -173,6 +162,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--total-insn", type=int, dest="total_insn")
     m.add_argument("--cpu", type=int, help="core to pin the harness to")
     m.add_argument("-v", "--verbose", action="store_true")
+    m.add_argument("--latency", action="store_true",
+                   help="the latency of each dependence chain of one form instead")
     m.set_defaults(fn=cmd_measure)
     f = sub.add_parser("forms", help="list instruction forms of the catalogue")
     f.add_argument("pattern", nargs="?", help="regular expression on name or AT&T template")

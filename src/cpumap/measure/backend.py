@@ -245,6 +245,15 @@ class Measurer:
             self._known = {} if self.remeasure and self.allow_measure else self._usable(agg)
         return self._known
 
+    def uncertainty(self, kernels: list[str]) -> dict[str, float]:
+        """Relative uncertainty of each kernel's estimate, from the database's aggregate (what
+        ``measure`` returns is the estimate alone)."""
+        agg, _ = aggregate_db(self.db_dir, self.machine_id, self.params_id, self.version,
+                              self.bench.stable_tol)
+        keys = {asmgen.kernel_key(k): k for k in kernels}
+        sel = agg[agg.kernel.isin(set(keys))]
+        return {keys[k]: float(u) for k, u in zip(sel.kernel, sel.rel_uncertainty, strict=True)}
+
     def measure(self, kernels: list[str], stage: str) -> dict[str, float]:
         """Cycles of each kernel (canonical text); failed kernels are left out."""
         canon = list(dict.fromkeys(asmgen.kernel_key(k)
