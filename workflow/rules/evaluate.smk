@@ -89,6 +89,50 @@ rule eval_predict_native:
         "../scripts/evaluate_predict.py"
 
 
+rule eval_latency:
+    input:
+        forms=FORMS,
+        suite_forms=EVAL_SUITE_FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        table=EVAL_LATENCY,
+    log:
+        f"{LOGS}/evaluate/latency.log",
+    params:
+        bench=config["bench"],
+        machine=config["machine"],
+        workdir=f"{EDIR}/work-latency",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/latency.py"
+
+
+rule eval_predict_loop:
+    input:
+        blocks=eval_benchmark_files(EVAL_BLOCKS),
+        latency=EVAL_LATENCY,
+        native=expand(eval_benchmark_files(EVAL_PRED), analyzer="native", allow_missing=True),
+    output:
+        predictions=eval_benchmark_files(EVAL_PRED),
+        meta=EVAL_PRED_META,
+    log:
+        f"{LOGS}/evaluate/predict-{{analyzer}}.log",
+    wildcard_constraints:
+        analyzer="loop",
+    params:
+        evaluate=EVAL,
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/evaluate_predict.py"
+
+
 rule eval_cachegrind:
     input:
         binary=suite_binary,

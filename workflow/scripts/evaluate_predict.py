@@ -71,6 +71,12 @@ elif name in ("native", "written"):
                         Path(snakemake.params.workdir), harness_bin=Path(snakemake.input.harness),
                         sim=sim, log=lambda message: print(message, flush=True))
     analyzer = (A.NativeAnalyzer if name == "native" else A.WrittenAnalyzer)(measurer, forms)
+elif name == "loop":
+    native = pd.concat([files.read_parquet_checked(p) for p in snakemake.input.native],
+                       ignore_index=True)
+    analyzer = A.LoopAnalyzer(pd.read_csv(snakemake.input.latency, sep="\t",
+                                          keep_default_na=False, na_values=[""]),
+                              A.Precomputed("native", native))
 else:
     raise ValueError(f"unknown analyzer {name!r}")
 

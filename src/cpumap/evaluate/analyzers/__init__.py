@@ -1,8 +1,9 @@
 """Code analyzers evaluated on the basic blocks of real kernels (issue 4, DESIGN §9).
 
 Available here: ``model`` (our resource model), ``llvm-mca``, ``osaca``, ``native`` (our own
-measurement of the block's multiset) and ``written`` (the block measured as written, BHive's
-method). Tools of the seed's harness that cannot run on this
+measurement of the block's multiset), ``written`` (the block measured as written, BHive's
+method) and ``loop`` (the larger of native's throughput and the block's longest loop-carried
+chain with measured latencies). Tools of the seed's harness that cannot run on this
 machine are listed in :data:`UNAVAILABLE` with the reason, so that the report names them.
 
 Every analyzer has ``name``, ``describe()`` and ``predict(blocks) -> {(benchmark, block_id):
@@ -28,6 +29,7 @@ from cpumap.evaluate.analyzers.base import (
 )
 from cpumap.evaluate.analyzers.internal import ModelAnalyzer, NativeAnalyzer, WrittenAnalyzer
 from cpumap.evaluate.analyzers.llvm_mca import LlvmMca
+from cpumap.evaluate.analyzers.loop import LoopAnalyzer, Precomputed
 from cpumap.evaluate.analyzers.osaca import Osaca
 
 __all__ = [
@@ -35,11 +37,13 @@ __all__ = [
     "BatchError",
     "BlockInput",
     "LlvmMca",
+    "LoopAnalyzer",
     "ModelAnalyzer",
     "NativeAnalyzer",
     "Osaca",
     "PREDICTION_COLUMNS",
     "PREDICTION_SCHEMA",
+    "Precomputed",
     "Result",
     "ToolResult",
     "UNAVAILABLE",
@@ -60,7 +64,7 @@ PREDICTION_SCHEMA = pa.schema([
 ])
 
 #: The analyzers this harness can run, in report order.
-ANALYZERS = ["model", "native", "written", "llvm-mca", "osaca"]
+ANALYZERS = ["model", "native", "written", "loop", "llvm-mca", "osaca"]
 
 #: Analyzers of the seed's harness that are not run here, and why.
 UNAVAILABLE = {

@@ -1,0 +1,202 @@
+"""``loop``: a dependency-aware predictor of a block run as a loop body (issue 15).
+
+Palmed's resource model, and our measurement of a block's multiset, predict the throughput of
+instructions that do not wait for each other. A real loop body carries dependences from one
+iteration to the next (an accumulator, a pointer, a flag), and a chain of them bounds the
+loop from below whatever the resources. The prediction is
+
+    cycles per iteration = max(throughput bound, recurrence bound)
+
+* **throughput bound**: another analyzer's cycles for the block (the pipeline gives ``native``,
+  the block's multiset measured; the resource model where it covers the block);
+* **recurrence bound**: the body is run, on paper, ``ITERATIONS`` times in order with only
+  dependences as constraints (unlimited resources): each instruction starts when its inputs
+  are ready and its outputs are ready its measured latency later; the bound is the steady
+  slope, the cycles of the last ``ITERATIONS/2`` iterations over ``ITERATIONS/2``. That slope
+  is the longest loop-carried dependence cycle per iteration (its mean latency per
+  iteration), found without enumerating cycles.
+
+Dependences through registers (full registers: writing EAX writes RAX; a vector register's
+lanes are one), the flags (one unit), and memory: a load from the address expression of an
+earlier store is ready the store-forwarding round trip after the stored value (the chain
+``store; reload`` measured per link: from the data's readiness to the reload's result).
+Address registers of a load feed its output through the load-use latency; a load-op form's
+operation (its latency measured with the memory operand off the chain) starts when both its
+registers and the loaded value are ready. Zero idioms (``xor %eax, %eax``, ``vpxor %ymm1,
+%ymm1, %ymm1``...) read nothing.
+
+Latencies are the measured chains of :mod:`cpumap.measure.latency` (the largest of a form's
+pairs); a form without one counts 1 cycle and the block's result says so (approximate).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import iced_x86 as ix
+import pandas as pd
+
+from cpumap.evaluate.analyzers.base import BlockInput, Result, failed
+
+ITERATIONS = 32
+_ZERO_IDIOMS = {"XOR", "SUB", "PXOR", "XORPS", "XORPD", "VPXOR", "VXORPS", "VXORPD", "VPXORD",
+                "VPXORQ", "PSUBB", "PSUBW", "PSUBD", "PSUBQ", "VPSUBB", "VPSUBW", "VPSUBD",
+                "VPSUBQ", "PCMPGTB", "PCMPGTW", "PCMPGTD", "PCMPGTQ", "VPCMPGTB", "VPCMPGTW",
+                "VPCMPGTD", "VPCMPGTQ", "PCMPEQB", "PCMPEQW", "PCMPEQD", "PCMPEQQ", "VPCMPEQB",
+                "VPCMPEQW", "VPCMPEQD", "VPCMPEQQ"}
+_READS = {ix.OpAccess.READ, ix.OpAccess.COND_READ, ix.OpAccess.READ_WRITE,
+          ix.OpAccess.READ_COND_WRITE}
+_WRITES = {ix.OpAccess.WRITE, ix.OpAccess.COND_WRITE, ix.OpAccess.READ_WRITE,
+           ix.OpAccess.READ_COND_WRITE}
+_MNEMONIC = {v: k for k, v in vars(ix.Mnemonic).items() if isinstance(v, int)}
+
+
+def _full(reg: int) -> int:
+    if ix.RegisterExt.is_vector_register(reg):
+        return ix.RegisterExt.full_register(reg)  # ZMMn: the lanes are one register here
+    return ix.RegisterExt.full_register(reg)
+
+
+def form_latencies(table: pd.DataFrame) -> dict[str, float]:
+    """Form -> the largest latency of its measured chains (rows of ``latency_rows``)."""
+    ok = table[table.status == "ok"]
+    return {str(f): float(v) for f, v in ok.groupby("form").latency.max().items()}
+
+
+def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, float],
+                     load_use: float, forwarding: float) -> tuple[float, list[str]]:
+    """(cycles per iteration of the longest loop-carried chain, forms without a latency)."""
+    decoder = ix.Decoder(64, code)
+    insns = list(decoder)
+    if len(insns) != len(forms):
+        raise ValueError("the block's instructions and forms differ in number")
+    factory = ix.InstructionInfoFactory()
+    steps = []
+    missing = []
+    for ins, form in zip(insns, forms, strict=True):
+        info = factory.info(ins)
+        regs = info.used_registers()
+        srcs = {_full(u.register) for u in regs if u.access in _READS}
+        dsts = {_full(u.register) for u in regs if u.access in _WRITES}
+        addr = set()
+        mem_r, mem_w = [], []
+        for m in info.used_memory():
+            key = (m.segment, m.base, m.index, m.scale, m.displacement)
+            for r in (m.base, m.index):
+                if r != ix.Register.NONE:
+                    addr.add(_full(r))
+            if m.access in _READS:
+                mem_r.append(key)
+            if m.access in _WRITES:
+                mem_w.append(key)
+        srcs -= addr  # address registers are read through the load below
+        name = _MNEMONIC.get(ins.mnemonic, "")
+        if name in _ZERO_IDIOMS and ins.op_count >= 2 and all(
+                ins.op_kind(k) == ix.OpKind.REGISTER for k in range(ins.op_count)) and len(
+                {ins.op_register(k) for k in range(1 if ins.op_count == 3 else 0,
+                                                    ins.op_count)}) == 1:
+            srcs = set()
+        if ins.rflags_read:
+            srcs.add("FLAGS")
+        if ins.rflags_written or ins.rflags_cleared or ins.rflags_set or ins.rflags_modified:
+            dsts.add("FLAGS")
+        if form in lat:
+            latency = lat[form]
+        elif mem_r and not srcs:
+            latency = 0.0  # a plain load: its value is ready a load-use after its address
+        else:
+            latency = 1.0
+            if form:
+                missing.append(form)
+            else:
+                missing.append(ix.Formatter(ix.FormatterSyntax.GAS).format(ins))
+        steps.append((srcs, dsts, addr, mem_r, mem_w, latency))
+    ready: dict = {}
+    stored: dict = {}
+    ends = []
+    for _ in range(ITERATIONS):
+        end = 0.0
+        for srcs, dsts, addr, mem_r, mem_w, latency in steps:
+            t = max((ready.get(r, 0.0) for r in srcs), default=0.0)
+            t_addr = max((ready.get(r, 0.0) for r in addr), default=0.0)
+            if mem_r:
+                # the loaded value: its address, then the load; a value just stored at the same
+                # address comes through forwarding
+                t_load = t_addr + load_use
+                for key in mem_r:
+                    if key in stored:
+                        t_load = max(t_load, stored[key] + forwarding)
+                # a plain load (no register input): the value is the load's; a load-op form:
+                # its operation (the latency measured with the memory operand off the chain)
+                # starts when both the registers and the loaded value are there
+                finish = t_load if not srcs else max(t, t_load) + latency
+            else:
+                finish = max(t, t_addr) + latency
+            for key in mem_w:
+                stored[key] = max(t, t_addr)
+            for r in dsts:
+                ready[r] = finish
+            end = max(end, finish)
+        ends.append(end)
+    half = ITERATIONS // 2
+    return (ends[-1] - ends[half - 1]) / (ITERATIONS - half), sorted(set(missing))
+
+
+class Precomputed:
+    """Another analyzer's answers, read back from its predictions table (the pipeline runs
+    ``native`` once; ``loop`` takes its throughput bounds from there)."""
+
+    def __init__(self, name: str, predictions: pd.DataFrame):
+        self.name = name
+        self.rows = {(str(r.benchmark), int(r.block_id)): Result(
+            cycles=float(r.cycles), status=str(r.status), error=str(r.error or ""))
+            for r in predictions.itertuples(index=False)}
+
+    def predict(self, blocks: list[BlockInput]) -> dict[tuple[str, int], Result]:
+        return {b.key: self.rows.get(b.key, failed(f"no {self.name} prediction"))
+                for b in blocks}
+
+
+class LoopAnalyzer:
+    """max(throughput bound of ``throughput``, recurrence bound with measured latencies)."""
+
+    name = "loop"
+
+    def __init__(self, latencies: pd.DataFrame, throughput, load_form: str = "MOV_R64_M64",
+                 store_form: str = "MOV_M64_R64"):
+        self.table = latencies
+        self.lat = form_latencies(latencies)
+        self.throughput = throughput
+        pairs = latencies[latencies.status == "ok"]
+        lu = pairs[(pairs.form == load_form) & pairs.pair.str.contains("load-use")]
+        st = pairs[(pairs.form == store_form) & pairs.pair.str.startswith("store->load")]
+        self.load_use = float(lu.latency.iloc[0]) if len(lu) else float("nan")
+        self.forwarding = float(st.latency.iloc[0]) if len(st) else float("nan")
+
+    def describe(self) -> str:
+        return (f"max(throughput bound: {self.throughput.name}; recurrence bound: longest "
+                f"loop-carried chain with {len(self.lat)} measured form latencies, load-use "
+                f"{self.load_use:.2f}, store forwarding {self.forwarding:.2f} cycles)")
+
+    def predict(self, blocks: list[BlockInput]) -> dict[tuple[str, int], Result]:
+        thr = self.throughput.predict(blocks)
+        out: dict[tuple[str, int], Result] = {}
+        for b in blocks:
+            t0 = time.monotonic()
+            base = thr.get(b.key) or failed("no throughput bound")
+            if base.status != "ok":
+                out[b.key] = failed(f"throughput bound ({self.throughput.name}): {base.error}")
+                continue
+            if not b.code:
+                out[b.key] = Result(cycles=base.cycles)
+                continue
+            rec, missing = recurrence_bound(b.code, b.forms, self.lat, self.load_use,
+                                            self.forwarding)
+            notes = [base.error] if base.error else []
+            if missing:
+                notes.append("approximate: no measured latency for " + ", ".join(missing[:4])
+                             + " (1 cycle taken)")
+            out[b.key] = Result(cycles=max(base.cycles, rec), seconds=time.monotonic() - t0,
+                                error="; ".join(notes) if notes else "")
+        return out
