@@ -87,7 +87,8 @@ def forms_of(code: bytes, catalogue) -> tuple[str, ...]:
                  x86.instruction_hexes(code))
 
 
-LAT = {"ADDPD_XMM_XMM": 3.0, "MULPD_XMM_M128": 3.0, "MULSD_XMM_XMM": 3.0, "ADD_RAX_I32": 1.0,
+LAT = {"ADDSD_XMM_M64": 3.0, "MOVSD_M64_XMM": 1.0,
+       "ADDPD_XMM_XMM": 3.0, "MULPD_XMM_M128": 3.0, "MULSD_XMM_XMM": 3.0, "ADD_RAX_I32": 1.0,
        "ADD_R64_I8": 1.0, "IMUL_R64_R64": 3.0, "MOV_R64_M64": 4.0, "MOV_M64_R64": 1.0,
        "XOR_R32_R32": 1.0, "CMP_R64_R64": 1.0, "UNPCKLPD_XMM_XMM": 1.0}
 
@@ -105,6 +106,11 @@ LAT = {"ADDPD_XMM_XMM": 3.0, "MULPD_XMM_M128": 3.0, "MULSD_XMM_XMM": 3.0, "ADD_R
     (["mov %rax, (%rbx)", "mov (%rbx), %rax", "add $1, %rax"], 8.0),
     # zeroed every iteration: nothing is carried but the counter
     (["xor %eax, %eax", "imul %rcx, %rax", "add $1, %rdx"], 1.0),
+    # daxpy: y[i] stored, y[i+1] loaded next iteration: the same expression, another address
+    (["movsd (%rdx,%rax,8), %xmm0", "mulsd %xmm1, %xmm0", "addsd (%rcx,%rax,8), %xmm0",
+      "movsd %xmm0, (%rcx,%rax,8)", "add $1, %rax", "cmp %rax, %rsi"], 1.0),
+    # an accumulator kept in memory: reload after the store (7), then addsd (3)
+    (["addsd (%rbx), %xmm0", "movsd %xmm0, (%rbx)"], 10.0),
 ])
 def test_recurrence_bound_exact(tmp_path, catalogue, lines, bound):
     code = assemble(tmp_path, *lines)

@@ -82,7 +82,12 @@ def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, floa
         addr = set()
         mem_r, mem_w = [], []
         for m in info.used_memory():
-            key = (m.segment, m.base, m.index, m.scale, m.displacement)
+            # the address expression; the values of its registers are told apart below by
+            # how many times each was written (the same text after `add $8, %rdx` is another
+            # address: no dependence through memory)
+            key = (m.segment, _full(m.base) if m.base != ix.Register.NONE else None,
+                   _full(m.index) if m.index != ix.Register.NONE else None, m.scale,
+                   m.displacement)
             for r in (m.base, m.index):
                 if r != ix.Register.NONE:
                     addr.add(_full(r))
@@ -107,13 +112,21 @@ def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, floa
             latency = 0.0  # a plain load: its value is ready a load-use after its address
         else:
             latency = 1.0
-            if form:
-                missing.append(form)
-            else:
-                missing.append(ix.Formatter(ix.FormatterSyntax.GAS).format(ins))
+            # not measured: noted below when something reads what it writes
+            missing.append((len(steps), form or ix.Formatter(ix.FormatterSyntax.GAS).format(ins)))
         steps.append((srcs, dsts, addr, mem_r, mem_w, latency))
+    flags_read = any("FLAGS" in st[0] for st in steps)
+    # a form whose latency nobody waits for (a compare whose flags only the dropped branch
+    # read, a store, a nop) needs none
+    missing = [name for k, name in missing
+               if steps[k][1] - {"FLAGS"} or ("FLAGS" in steps[k][1] and flags_read)]
     ready: dict = {}
     stored: dict = {}
+    version: dict = {}  # register -> writes so far: an address is its expression and these
+
+    def where(key):
+        return key + (version.get(key[1], 0), version.get(key[2], 0))
+
     ends = []
     for _ in range(ITERATIONS):
         end = 0.0
@@ -125,18 +138,19 @@ def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, floa
                 # address comes through forwarding
                 t_load = t_addr + load_use
                 for key in mem_r:
-                    if key in stored:
-                        t_load = max(t_load, stored[key] + forwarding)
+                    if where(key) in stored:
+                        t_load = max(t_load, stored[where(key)] + forwarding)
                 # a plain load (no register input): the value is the load's; a load-op form:
                 # its operation (the latency measured with the memory operand off the chain)
                 # starts when both the registers and the loaded value are there
                 finish = t_load if not srcs else max(t, t_load) + latency
             else:
                 finish = max(t, t_addr) + latency
-            for key in mem_w:
-                stored[key] = max(t, t_addr)
+            for key in mem_w:  # the stored value: a register's, or a read-modify-write's result
+                stored[where(key)] = finish if mem_r else t
             for r in dsts:
                 ready[r] = finish
+                version[r] = version.get(r, 0) + 1
             end = max(end, finish)
         ends.append(end)
     half = ITERATIONS // 2
