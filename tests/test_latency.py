@@ -145,3 +145,19 @@ def test_loop_analyzer_takes_the_larger_bound_and_flags_missing(tmp_path, catalo
     res = LoopAnalyzer(table, failing).predict(blocks[:1])[("k", 0)]
     assert res.status == "failed" and "form X excluded" in res.error
     assert isinstance(res, Result)
+
+
+def test_first_ok_falls_back_and_says_so(tmp_path, catalogue):
+    from cpumap.evaluate.analyzers.loop import FirstOk
+
+    b = BlockInput("k", 0, ("leave",), ("LEAVE",), 1, code=b"\xc9")
+    native = Precomputed("native", pd.DataFrame([{"benchmark": "k", "block_id": 0,
+                                                  "cycles": float("nan"), "status": "failed",
+                                                  "error": "form LEAVE excluded"}]))
+    written = Precomputed("written", pd.DataFrame([{"benchmark": "k", "block_id": 0,
+                                                    "cycles": 2.5, "status": "ok",
+                                                    "error": ""}]))
+    got = FirstOk([native, written]).predict([b])[("k", 0)]
+    assert got.cycles == 2.5 and "from written (native: form LEAVE excluded)" in got.error
+    none = FirstOk([native]).predict([b])[("k", 0)]
+    assert none.status == "failed" and "native: form LEAVE excluded" in none.error

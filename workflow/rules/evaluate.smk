@@ -117,6 +117,11 @@ rule eval_predict_loop:
         blocks=eval_benchmark_files(EVAL_BLOCKS),
         latency=EVAL_LATENCY,
         native=expand(eval_benchmark_files(EVAL_PRED), analyzer="native", allow_missing=True),
+        # the block as written, where the multiset cannot be generated (when it runs)
+        written=lambda wildcards: (
+            expand(eval_benchmark_files(EVAL_PRED), mid=wildcards.mid, analyzer="written")
+            if "written" in eval_analyzers_run() else []
+        ),
     output:
         predictions=eval_benchmark_files(EVAL_PRED),
         meta=EVAL_PRED_META,

@@ -72,11 +72,13 @@ elif name in ("native", "written"):
                         sim=sim, log=lambda message: print(message, flush=True))
     analyzer = (A.NativeAnalyzer if name == "native" else A.WrittenAnalyzer)(measurer, forms)
 elif name == "loop":
-    native = pd.concat([files.read_parquet_checked(p) for p in snakemake.input.native],
-                       ignore_index=True)
+    bounds = [A.Precomputed(a, pd.concat([files.read_parquet_checked(p)
+                                          for p in snakemake.input.get(a, [])],
+                                         ignore_index=True))
+              for a in ("native", "written") if snakemake.input.get(a)]
     analyzer = A.LoopAnalyzer(pd.read_csv(snakemake.input.latency, sep="\t",
                                           keep_default_na=False, na_values=[""]),
-                              A.Precomputed("native", native))
+                              A.FirstOk(bounds))
 else:
     raise ValueError(f"unknown analyzer {name!r}")
 

@@ -29,13 +29,14 @@ from cpumap.evaluate.analyzers.base import (
 )
 from cpumap.evaluate.analyzers.internal import ModelAnalyzer, NativeAnalyzer, WrittenAnalyzer
 from cpumap.evaluate.analyzers.llvm_mca import LlvmMca
-from cpumap.evaluate.analyzers.loop import LoopAnalyzer, Precomputed
+from cpumap.evaluate.analyzers.loop import FirstOk, LoopAnalyzer, Precomputed
 from cpumap.evaluate.analyzers.osaca import Osaca
 
 __all__ = [
     "ANALYZERS",
     "BatchError",
     "BlockInput",
+    "FirstOk",
     "LlvmMca",
     "LoopAnalyzer",
     "ModelAnalyzer",

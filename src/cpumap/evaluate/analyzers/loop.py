@@ -8,7 +8,8 @@ loop from below whatever the resources. The prediction is
     cycles per iteration = max(throughput bound, recurrence bound)
 
 * **throughput bound**: another analyzer's cycles for the block (the pipeline gives ``native``,
-  the block's multiset measured; the resource model where it covers the block);
+  the block's multiset measured, and where the generator cannot build the multiset, the block
+  measured as written, ``written``, whose figure includes its own chains);
 * **recurrence bound**: the body is run, on paper, ``ITERATIONS`` times in order with only
   dependences as constraints (unlimited resources): each instruction starts when its inputs
   are ready and its outputs are ready its measured latency later; the bound is the steady
@@ -172,6 +173,35 @@ class Precomputed:
                 for b in blocks}
 
 
+class FirstOk:
+    """The first of several analyzers that answers a block (the loop analyzer's throughput
+    bound: the block's multiset measured, else the block measured as written, which the
+    generator cannot refuse for want of registers or for a LEAVE)."""
+
+    def __init__(self, analyzers: list):
+        self.analyzers = analyzers
+        self.name = " or ".join(a.name for a in analyzers)
+
+    def predict(self, blocks: list[BlockInput]) -> dict[tuple[str, int], Result]:
+        out: dict[tuple[str, int], Result] = {}
+        whys: dict[tuple[str, int], list[str]] = {}
+        for a in self.analyzers:
+            todo = [b for b in blocks if b.key not in out]
+            if not todo:
+                break
+            for key, r in a.predict(todo).items():
+                if r.status == "ok":
+                    note = [f"from {a.name} ({'; '.join(whys[key])})"] if key in whys else []
+                    out[key] = Result(cycles=r.cycles, seconds=r.seconds,
+                                      error="; ".join(note + ([r.error] if r.error else [])))
+                else:
+                    whys.setdefault(key, []).append(f"{a.name}: {r.error}")
+        for b in blocks:
+            if b.key not in out:
+                out[b.key] = failed("; ".join(whys.get(b.key, ["no answer"])))
+        return out
+
+
 class LoopAnalyzer:
     """max(throughput bound of ``throughput``, recurrence bound with measured latencies)."""
 
@@ -200,7 +230,7 @@ class LoopAnalyzer:
             t0 = time.monotonic()
             base = thr.get(b.key) or failed("no throughput bound")
             if base.status != "ok":
-                out[b.key] = failed(f"throughput bound ({self.throughput.name}): {base.error}")
+                out[b.key] = failed(f"no throughput bound: {base.error}")
                 continue
             if not b.code:
                 out[b.key] = Result(cycles=base.cycles)
