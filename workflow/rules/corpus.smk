@@ -89,6 +89,51 @@ rule corpus_predict_native:
         "../scripts/evaluate_predict.py"
 
 
+rule corpus_latency:
+    input:
+        forms=FORMS,
+        blocks=CORPUS_BLOCKS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        table=CORPUS_LATENCY,
+    log:
+        f"{LOGS}/corpus/latency.log",
+    params:
+        bench=config["bench"],
+        machine=config["machine"],
+        workdir=f"{CDIR}/work-latency",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/latency.py"
+
+
+rule corpus_predict_loop:
+    # the throughput bound is native's only: written is a ground truth here
+    input:
+        blocks=CORPUS_BLOCKS,
+        latency=CORPUS_LATENCY,
+        native=CORPUS_PRED.replace("{analyzer}", "native"),
+    output:
+        table=CORPUS_PRED,
+        meta=CORPUS_PRED_META,
+    log:
+        f"{LOGS}/corpus/predict-{{analyzer}}.log",
+    wildcard_constraints:
+        analyzer="loop",
+    params:
+        evaluate=EVAL,
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/evaluate_predict.py"
+
+
 rule corpus_metrics:
     input:
         blocks=CORPUS_BLOCKS,

@@ -1,5 +1,6 @@
-"""Rule latency: the measured dependence-chain latencies of the suite's forms and the forms the
-loop predictor needs for memory (cpumap.measure.latency), one row per chain."""
+"""Rules eval_latency and corpus_latency: the measured dependence-chain latencies of the forms
+of the suite (its form list) or of a block corpus (its blocks table), and of the forms the loop
+predictor needs for memory (cpumap.measure.latency), one row per chain."""
 
 import sys
 from pathlib import Path
@@ -22,8 +23,12 @@ from cpumap.measure.settings import BenchSettings
 from cpumap.store import files
 
 cat = Catalogue.load(Path(snakemake.input.forms))
-names = [n.strip() for n in Path(snakemake.input.suite_forms).read_text().splitlines()
-         if n.strip()]
+if "suite_forms" in snakemake.input.keys():
+    names = [n.strip() for n in Path(snakemake.input.suite_forms).read_text().splitlines()
+             if n.strip()]
+else:
+    table = files.read_parquet_checked(snakemake.input.blocks)
+    names = sorted({str(f) for forms in table["forms"] for f in forms if f})
 names += list(latency.MEMORY_FORMS)
 with open(snakemake.input.machine, encoding="utf-8") as handle:
     machine = json.load(handle)
