@@ -72,10 +72,13 @@ elif name in ("native", "written"):
                         sim=sim, log=lambda message: print(message, flush=True))
     analyzer = (A.NativeAnalyzer if name == "native" else A.WrittenAnalyzer)(measurer, forms)
 elif name == "loop":
-    bounds = [A.Precomputed(a, pd.concat([files.read_parquet_checked(p)
-                                          for p in snakemake.input.get(a, [])],
+    def given(key):  # one table (the corpus) or one per benchmark (the suite)
+        paths = snakemake.input.get(key, [])
+        return [paths] if isinstance(paths, str) else list(paths)
+
+    bounds = [A.Precomputed(a, pd.concat([files.read_parquet_checked(p) for p in given(a)],
                                          ignore_index=True))
-              for a in ("native", "written") if snakemake.input.get(a)]
+              for a in ("native", "written") if given(a)]
     analyzer = A.LoopAnalyzer(pd.read_csv(snakemake.input.latency, sep="\t",
                                           keep_default_na=False, na_values=[""]),
                               A.FirstOk(bounds))
