@@ -35,6 +35,11 @@ rule all:
         summary=expand(SINGLETON_SUMMARY, mid=MACHINE_ID),
         singletons=expand(SINGLETON_TABLE, mid=MACHINE_ID),
         sse_avx=expand(SSE_AVX, mid=MACHINE_ID),
+        latency=(
+            expand(LATENCY_ALL, mid=MACHINE_ID)
+            if config["latency"]["all_forms"] and NATIVE
+            else []
+        ),
         model=expand(MODEL_REPORT, mid=MACHINE_ID) if config["model"]["enabled"] else [],
         suite=rules.suite_all.input if SUITE_ON else [],
         evaluation=rules.eval_all.input if SUITE_ON else [],

@@ -70,3 +70,26 @@ rule sse_avx_probe:
         "../../envs/cpumap.yaml"
     script:
         "../scripts/sse_avx_probe.py"
+
+
+# The dependence-chain latencies of every ok form (config latency.all_forms; the full profile).
+rule latency_catalogue:
+    input:
+        forms=FORMS,
+        machine=MACHINE_JSON,
+        harness=HARNESS_BIN,
+    output:
+        table=LATENCY_ALL,
+    log:
+        f"{LOGS}/latency_catalogue.log",
+    params:
+        bench=config["bench"],
+        machine=config["machine"],
+        workdir=f"{MDIR}/isa/work/latency",
+    threads: 1
+    resources:
+        measure_slots=1,
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/latency.py"

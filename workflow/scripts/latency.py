@@ -1,6 +1,7 @@
-"""Rules eval_latency and corpus_latency: the measured dependence-chain latencies of the forms
-of the suite (its form list) or of a block corpus (its blocks table), and of the forms the loop
-predictor needs for memory (cpumap.measure.latency), one row per chain."""
+"""Rules eval_latency, corpus_latency and latency_catalogue: the measured dependence-chain
+latencies of the forms of the suite (its form list), of a block corpus (its blocks table) or
+of the whole catalogue, and of the forms the loop predictor needs for memory
+(cpumap.measure.latency), one row per chain."""
 
 import sys
 from pathlib import Path
@@ -26,9 +27,11 @@ cat = Catalogue.load(Path(snakemake.input.forms))
 if "suite_forms" in snakemake.input.keys():
     names = [n.strip() for n in Path(snakemake.input.suite_forms).read_text().splitlines()
              if n.strip()]
-else:
+elif "blocks" in snakemake.input.keys():
     table = files.read_parquet_checked(snakemake.input.blocks)
     names = sorted({str(f) for forms in table["forms"] for f in forms if f})
+else:  # the catalogue's every ok form
+    names = sorted(cat.df.name[cat.df.status == "ok"].astype(str))
 names += list(latency.MEMORY_FORMS)
 with open(snakemake.input.machine, encoding="utf-8") as handle:
     machine = json.load(handle)
