@@ -245,6 +245,15 @@ class Measurer:
             self._known = {} if self.remeasure and self.allow_measure else self._usable(agg)
         return self._known
 
+    def errors(self, kernels: list[str]) -> dict[str, str]:
+        """Why each of these kernels failed, as its rows in the database say."""
+        if not kernels:
+            return {}
+        keys = {asmgen.kernel_key(k): k for k in kernels}
+        rows = db.load(self.db_dir, machine_id=self.machine_id)
+        rows = rows[rows.kernel.isin(set(keys)) & (rows.status == "failed")]
+        return {keys[k]: str(e) for k, e in zip(rows.kernel, rows.error, strict=True)}
+
     def uncertainty(self, kernels: list[str]) -> dict[str, float]:
         """Relative uncertainty of each kernel's estimate, from the database's aggregate (what
         ``measure`` returns is the estimate alone)."""

@@ -73,23 +73,28 @@ def _free(cls: str, width: int, banned: set[str], evex: bool) -> list[str]:
     return names
 
 
-def _build(spec: x86.FormSpec, chain_ops: set[int], extra: int = 0) -> list | None:
-    """Register names per operand: the chain operands on one register, every other register
-    operand on a register of its own; None when a class runs out."""
+def _build(spec: x86.FormSpec, chain_ops: set[int], swap: bool = False) -> list | None:
+    """Register names per operand: the chain operands on one register (or, ``swap``, a
+    write-only output on a second register, the next instance reading it: ``mov %rax, %rcx;
+    mov %rcx, %rax`` rather than a register moved to itself), every other register operand on
+    a register of its own; None when a class runs out."""
     banned = {r for r, _a in spec.implicit} | {"RSP"}
+    banned |= {x86.full_register(o.cls) for o in spec.operands if o.kind == "fixed"}
     evex = not spec.vex_limited
     chain_cls = {spec.operands[i].cls for i in chain_ops}
     pools = {c: _free(c, 64 if c == "GPR" else 128, banned, evex)
              for c in {o.cls for o in spec.operands if o.kind == "reg"}}
     regs: list[str | None] = []
-    taken: dict[str, int] = {c: (1 if c in chain_cls else 0) + extra for c in pools}
+    taken: dict[str, int] = {c: ((2 if swap else 1) if c in chain_cls else 0) for c in pools}
     for k, op in enumerate(spec.operands):
         if op.kind != "reg":
             regs.append(None)
             continue
         pool = pools[op.cls]
         if k in chain_ops:
-            idx = pool[0]
+            if len(pool) < 2:
+                return None
+            idx = pool[1] if swap and "r" not in op.access else pool[0]
         else:
             if taken[op.cls] >= len(pool):
                 return None
@@ -97,6 +102,16 @@ def _build(spec: x86.FormSpec, chain_ops: set[int], extra: int = 0) -> list | No
             taken[op.cls] += 1
         regs.append(x86.reg_name(op.cls, op.width, idx))
     return regs
+
+
+def _swapped(spec: x86.FormSpec, regs: list, chain_ops: set[int]) -> list:
+    """The second instance of a swapped chain: the chain operands' registers exchanged."""
+    names = {regs[k] for k in chain_ops}
+    out = list(regs)
+    for k in chain_ops:
+        other = next(n for n in names if n != regs[k])
+        out[k] = other
+    return out
 
 
 def _block(spec: x86.FormSpec, regs: list, base: str = "RBX") -> bytes:
@@ -125,12 +140,20 @@ def chains(name: str, cat) -> tuple[list[Chain], str]:
         for r in reads:
             if ops[r].cls != ops[w].cls or (r != w and ops[w].access == "rw"):
                 continue
-            regs = _build(spec, {r, w})
+            swap = r != w  # a write-only output: alternate two registers
+            regs = _build(spec, {r, w}, swap)
             if regs is None or base.lower() in {str(x).lower() for x in regs if x}:
                 continue
             pair = f"{_label(spec, r)}->{_label(spec, w)}"
             try:
-                out.append(Chain(name, pair, _block(spec, regs, base), LINKS))
+                if swap:
+                    two = (x86.encode(x86.instantiate(spec, regs, 0, base=base))
+                           + x86.encode(x86.instantiate(spec, _swapped(spec, regs, {r, w}), 0,
+                                                        base=base)))
+                    code = two * (LINKS // 2)
+                else:
+                    code = _block(spec, regs, base)
+                out.append(Chain(name, pair, code, LINKS))
             except x86.FormError:
                 continue
     implicit_rw = sorted({r for r, a in spec.implicit if "r" in a and "w" in a}
@@ -151,8 +174,11 @@ def chains(name: str, cat) -> tuple[list[Chain], str]:
         regs = [dst if k == w else None for k in range(len(ops))]
         instr = x86.instantiate(spec, regs, 8, base=x86.full_register(dst))
         out.append(Chain(name, f"address->{_label(spec, w)}", x86.encode(instr) * LINKS, LINKS))
+    # a pointer chase needs the whole address loaded: 32- or 64-bit loads (a 16-bit load of
+    # BLOCK_INIT is 0x4000, below the lowest address a page can be mapped at)
     if mem and mnemonic in _LOADS and len(writes) == 1 and ops[writes[0]].cls == "GPR" \
-            and ops[writes[0]].width >= 32 and "w" not in ops[mem[0]].access:
+            and ops[writes[0]].width >= 32 and ops[mem[0]].width >= 32 \
+            and "w" not in ops[mem[0]].access:
         w = writes[0]
         dst = x86.reg_name("GPR", ops[w].width, 0)
         full = x86.full_register(dst)
@@ -185,11 +211,13 @@ def latency_rows(measurer, cat, names: Iterable[str], stage: str = "latency") ->
                          "error": why, "kernel": ""})
         todo += got
     measured = measurer.measure([c.text for c in todo], stage=stage) if todo else {}
+    errors = measurer.errors([c.text for c in todo if c.text not in measured])
     for c in todo:
         cyc = measured.get(c.text)
         ok = cyc is not None
         rows.append({"form": c.form, "pair": c.pair,
                      "latency": float(cyc) / c.links if ok else float("nan"),
                      "status": "ok" if ok else "failed",
-                     "error": "" if ok else "the chain's measurement failed", "kernel": c.text})
+                     "error": "" if ok else errors.get(c.text, "no ok repetition"),
+                     "kernel": c.text})
     return rows

@@ -19,7 +19,6 @@ from cpumap.evaluate.analyzers.base import BlockInput, Result, failed
 from cpumap.isa.catalogue import Catalogue
 from cpumap.measure import asmgen, blockgen
 from cpumap.model import resmodel
-from cpumap.store import db
 
 
 def multiset(block: BlockInput) -> tuple[dict[str, int], str]:
@@ -145,11 +144,7 @@ class NativeAnalyzer:
         return out
 
     def _errors(self, kernels: list[str]) -> dict[str, str]:
-        if not kernels:
-            return {}
-        rows = db.load(self.measurer.db_dir, machine_id=self.measurer.machine_id)
-        rows = rows[rows.kernel.isin(kernels) & (rows.status == "failed")]
-        return dict(zip(rows.kernel, rows.error, strict=True))
+        return self.measurer.errors(kernels)
 
 
 class WrittenAnalyzer(NativeAnalyzer):
