@@ -189,6 +189,9 @@ class FakeMeasurer:
         self.calls.append((list(kernels), stage))
         return {k: 0.25 * len(k.split()) for k in kernels}
 
+    def errors(self, kernels):
+        return {}
+
 
 def test_native_analyzer_measures_each_distinct_multiset_once(inputs, catalogue_df, tmp_path):
     m = FakeMeasurer(tmp_path)
