@@ -22,7 +22,7 @@ from typing import Any
 
 from cpumap.cli.context import Context, UsageError, say
 
-ALL = ["model", "native", "written", "llvm-mca", "osaca"]
+ALL = ["model", "native", "written", "loop", "llvm-mca", "osaca"]
 USAGE = ("cpumap analyze [--json] [--model FILE] [--analyzers LIST] [--reps N] [--no-measure] "
          "[--timeout S] BINARY --function NAME [-- ARGS...]")
 
@@ -53,7 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=run)
 
 
-def _analyzers(names: list[str], ctx: Context, model_path: Path | None, forms, progress):
+def _analyzers(names: list[str], ctx: Context, model_path: Path | None, forms, blocks,
+               progress):
     """name -> analyzer object, or name -> why it is not run."""
     from cpumap.evaluate import analyzers as A
     from cpumap.evaluate.analyzers import targets
@@ -74,7 +75,7 @@ def _analyzers(names: list[str], ctx: Context, model_path: Path | None, forms, p
             out[name] = A.LlvmMca(cpu=targets.llvm_mca_cpu("auto", ctx.desc).value)
         elif name == "osaca":
             out[name] = A.Osaca(targets.osaca_arch("auto", ctx.desc).value, ignore_unknown=True)
-        else:  # native, written: measured here, rows kept in this machine's database
+        else:  # native, written, loop: measured here, rows kept in this machine's database
             if measurer is None:
                 from cpumap.measure.backend import Measurer
                 from cpumap.measure.settings import BenchSettings
@@ -82,6 +83,20 @@ def _analyzers(names: list[str], ctx: Context, model_path: Path | None, forms, p
                 measurer = Measurer(ctx.desc, forms, BenchSettings(), ctx.root / "db",
                                     ctx.root / "work" / "analyze", harness_bin=ctx.harness_bin(),
                                     log=progress)
+            if name == "loop":
+                import pandas as pd
+
+                from cpumap.isa.catalogue import Catalogue
+                from cpumap.measure import latency
+
+                wanted = {f for b in blocks for f in b.forms if f} | set(latency.MEMORY_FORMS)
+                progress(f"loop: the latencies of {len(wanted)} forms")
+                table = pd.DataFrame(latency.latency_rows(measurer, Catalogue(forms), wanted,
+                                                          stage="analyze-latency"))
+                bound = A.FirstOk([A.NativeAnalyzer(measurer, forms, stage="analyze-native"),
+                                   A.WrittenAnalyzer(measurer, forms, stage="analyze-written")])
+                out[name] = A.LoopAnalyzer(table, bound)
+                continue
             out[name] = (A.NativeAnalyzer if name == "native" else A.WrittenAnalyzer)(
                 measurer, forms, stage=f"analyze-{name}")
     return out
@@ -133,7 +148,7 @@ def analyze(args: argparse.Namespace, ctx: Context, prog_args: list[str]) -> dic
     reps = {r["block_id"]: r for r in counted.reps.values()}
     preds: dict[str, pd.DataFrame] = {}
     meta: dict[str, dict[str, Any]] = {}
-    for name, an in _analyzers(names, ctx, args.model, cat.df, say).items():
+    for name, an in _analyzers(names, ctx, args.model, cat.df, blocks, say).items():
         if isinstance(an, str):
             meta[name] = {"status": "not run", "reason": an}
             continue
