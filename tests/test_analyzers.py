@@ -299,3 +299,18 @@ def test_identical_blocks_are_predicted_once():
     assert seen == [[("a", 0), ("a", 1)]]
     assert [res[b.key].cycles for b in same] == [1.0, 1.0, 1.0] and res[other.key].cycles == 2
     assert res[bad.key].status == "failed"
+
+
+def test_run_batched_reports_progress(monkeypatch):
+    from cpumap.evaluate.analyzers import base
+
+    monkeypatch.setattr(base, "PROGRESS_S", 0.0)
+    blocks = [A.BlockInput("b", i, ("nop",), ("NOP",), 1) for i in range(5)]
+    lines: list[str] = []
+    stats = base.BatchStats(log=lines.append)
+    got = A.run_batched(blocks, lambda batch: {b.key: A.Result(cycles=1.0) for b in batch},
+                        batch_size=2, stats=stats)
+    assert len(got) == 5 and stats.calls == 3
+    assert lines[0] == "0/5 blocks, 5 left, 0.0 blocks/s"
+    # the last batch first (the work list is a stack)
+    assert [line.split(",")[0] for line in lines] == ["0/5 blocks", "1/5 blocks", "3/5 blocks"]

@@ -85,6 +85,8 @@ elif name == "loop":
 else:
     raise ValueError(f"unknown analyzer {name!r}")
 
+if hasattr(analyzer, "stats"):  # the external tools: a progress line every few seconds
+    analyzer.stats.log = lambda message: print(f"{name}: {message}", flush=True)
 t0 = time.monotonic()
 results = A.predict_blocks(analyzer, blocks)
 seconds = time.monotonic() - t0

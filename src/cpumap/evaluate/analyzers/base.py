@@ -248,6 +248,12 @@ class BatchStats:
     calls: int = 0
     failed_calls: int = 0
     notes: list[str] = field(default_factory=list)
+    #: where run_batched reports progress (blocks done, left, rate), every PROGRESS_S seconds
+    log: Callable[[str], None] | None = None
+
+
+#: Seconds between two progress lines of run_batched (a whole corpus takes OSACA an hour).
+PROGRESS_S = 10.0
 
 
 def run_batched(blocks: Sequence[BlockInput],
@@ -258,7 +264,14 @@ def run_batched(blocks: Sequence[BlockInput],
     stats = stats if stats is not None else BatchStats()
     results: dict[tuple[str, int], Result] = {}
     todo = [list(blocks[i:i + batch_size]) for i in range(0, len(blocks), batch_size)]
+    t0 = last = time.monotonic()
     while todo:
+        now = time.monotonic()
+        if stats.log and now - last >= PROGRESS_S:
+            last = now
+            done = len(results)
+            stats.log(f"{done}/{len(blocks)} blocks, {len(blocks) - done} left, "
+                      f"{done / max(now - t0, 1e-9):.1f} blocks/s")
         batch = todo.pop()
         if not batch:
             continue
