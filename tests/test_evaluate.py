@@ -116,8 +116,9 @@ def test_analyzer_status_lists_every_analyzer_with_a_reason():
                                   {"llvm-mca": {"description": "d", "blocks": 3},
                                    "osaca": {"description": "o"}}, model_enabled=False,
                                   derived={"osaca-strict": "strict"})
-    assert list(st) == ["model", "native", "written", "llvm-mca", "osaca", "osaca-strict",
-                        "uiCA", "IACA", "Ithemal", "Gus"]
+    assert list(st) == ["model", "native", "written", "loop", "llvm-mca", "osaca",
+                        "osaca-strict", "uiCA", "IACA", "Ithemal", "Gus"]
+    assert st["loop"] == {"status": "not run", "reason": "not listed in evaluate.analyzers"}
     assert st["model"]["status"] == "not run" and "model.enabled is false" in st["model"]["reason"]
     assert st["native"] == {"status": "not run", "reason": "no predictions"}
     assert st["llvm-mca"]["status"] == "ran" and st["osaca-strict"]["status"] == "ran"
