@@ -132,12 +132,11 @@ static void __attribute__((noinline)) empty(void)
     __asm__ volatile("" ::: "memory");
 }
 
-static int arm(uintptr_t addr)
+static void arm(uintptr_t addr)
 {
     T.entry = addr;
     T.phase = ARMED;
     patch(addr, 0xCC, &T.entry_byte);
-    return 0;
 }
 
 static uintptr_t main_base;

@@ -90,78 +90,66 @@ class _Return(gdb.Breakpoint):
         return False
 
 
-class _LoopEntry(gdb.Breakpoint):
-    """At the last instruction of P: remember the induction register."""
+class _Watch(gdb.Breakpoint):
+    """A breakpoint that never stops the program: at each hit (counted in ``hits``) ``see``
+    reads the registers into ``state``, the dict it shares with its partner breakpoint."""
 
-    def __init__(self, spec, loop, errors):
+    def __init__(self, spec, state, errors=None):
         super().__init__(spec, internal=True)
-        self.loop, self.errors, self.hits = loop, errors, 0
+        self.state, self.errors, self.hits = state, errors, 0
 
     def stop(self):
         self.hits += 1
-        if self.loop["start"] is not None:
-            self.errors.append(f"loop at {self.loop['block']:#x} entered twice without exit")
-        self.loop["start"] = _reg(self.loop["reg"])
+        self.see(self.state)
         return False
 
 
-class _LoopExit(gdb.Breakpoint):
+class _LoopEntry(_Watch):
+    """At the last instruction of P: remember the induction register."""
+
+    def see(self, lp):
+        if lp["start"] is not None:
+            self.errors.append(f"loop at {lp['block']:#x} entered twice without exit")
+        lp["start"] = _reg(lp["reg"])
+
+
+class _LoopExit(_Watch):
     """At the first instruction of X: the loop block ran (R - start) / step times."""
 
-    def __init__(self, spec, loop, errors):
-        super().__init__(spec, internal=True)
-        self.loop, self.errors, self.hits = loop, errors, 0
-
-    def stop(self):
-        self.hits += 1
-        lp = self.loop
+    def see(self, lp):
         if lp["start"] is None:  # X reached by another path: not a loop exit
-            return False
-        mask = (1 << lp["width"]) - 1
+            return
         step = lp["step"]
         d = ((_reg(lp["reg"]) - lp["start"]) if step > 0 else (lp["start"] - _reg(lp["reg"])))
-        d &= mask
+        d &= _mask(lp["width"])
         trips, rest = divmod(d, abs(step))
         if rest or trips < 1:
             self.errors.append(f"loop at {lp['block']:#x}: {lp['reg']} moved by {d}, not a "
                                f"positive multiple of {abs(step)}")
         lp["total"] += trips
         lp["start"] = None
-        return False
 
 
-class _RepAt(gdb.Breakpoint):
+class _RepAt(_Watch):
     """At a repeated string instruction: remember the count register.
 
     gdb steps over a breakpoint one iteration at a time (the trap flag stops a repeated
     instruction after each), so the breakpoint would be hit again at every iteration: it is
     disabled until _RepNext has seen the instruction finish."""
 
-    def __init__(self, spec, rep):
-        super().__init__(spec, internal=True)
-        self.rep, self.hits = rep, 0
-
-    def stop(self):
-        self.hits += 1
-        self.rep["before"] = _reg("rcx") & ((1 << self.rep["width"]) - 1)
+    def see(self, rep):
+        rep["before"] = _reg("rcx") & _mask(rep["width"])
         self.enabled = False
-        return False
 
 
-class _RepNext(gdb.Breakpoint):
-    """After it: iterations = the count register's decrease."""
+class _RepNext(_Watch):
+    """After it: iterations = the count register's decrease; the _RepAt (``rep["at"]``)
+    armed again."""
 
-    def __init__(self, spec, rep, at):
-        super().__init__(spec, internal=True)
-        self.rep, self.at, self.hits = rep, at, 0
-
-    def stop(self):
-        self.hits += 1
-        rep = self.rep
+    def see(self, rep):
         if rep["before"] is None:  # reached by another path
-            return False
-        after = _reg("rcx") & ((1 << rep["width"]) - 1)
-        k = (rep["before"] - after) & ((1 << rep["width"]) - 1)
+            return
+        k = (rep["before"] - _reg("rcx")) & _mask(rep["width"])
         zf = (_reg("eflags") >> 6) & 1
         stopped_by_compare = k > 0 and ((rep["cond"] == "repe" and zf == 0)
                                         or (rep["cond"] == "repne" and zf == 1))
@@ -169,8 +157,11 @@ class _RepNext(gdb.Breakpoint):
         rep["iterations"] += k
         rep["executed"] += k + (0 if stopped_by_compare else 1)
         rep["before"] = None
-        self.at.enabled = True
-        return False
+        rep["at"].enabled = True
+
+
+def _mask(width):
+    return (1 << width) - 1
 
 
 def _reg(name):
@@ -238,8 +229,8 @@ def main():
     for rp in spec.get("reps", []):
         state = dict(rp, before=None, executions=0, iterations=0, executed=0)
         reps.append(state)
-        at = _RepAt(f"*{int(rp['address']) + bias:#x}", state)
-        loop_bps += [at, _RepNext(f"*{int(rp['next']) + bias:#x}", state, at)]
+        state["at"] = _RepAt(f"*{int(rp['address']) + bias:#x}", state)
+        loop_bps += [state["at"], _RepNext(f"*{int(rp['next']) + bias:#x}", state)]
     ret_bp = _Return(f"*{ret:#x}", sp)
     gdb.execute("continue", to_string=True)
     t1 = time.perf_counter()
@@ -249,7 +240,7 @@ def main():
         _write(out, {"error": f"{func} did not return: {why}"})
         return
     if errors:
-        _write(out, {"error": "trip-count loops or rep instructions: " + "; ".join(errors[:5])})
+        _write(out, {"error": "trip-count loops: " + "; ".join(errors[:5])})
         return
     counts = {str(a): int(bp.hit_count) for a, bp in counters.items()}
     loop_counts = {str(int(lp["block"])): lp["total"] for lp in loops}

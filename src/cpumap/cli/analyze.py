@@ -145,7 +145,9 @@ def analyze(args: argparse.Namespace, ctx: Context, prog_args: list[str]) -> dic
     bdf = blocks_frame(blocks, "call", symbol)
     cdf = counts_frame(counted, "call")
     inputs = A.block_inputs(bdf)
-    reps = {r["block_id"]: r for r in counted.reps.values()}
+    reps: dict[int, list[dict[str, Any]]] = {}  # block id -> its repeated instructions
+    for r in counted.reps.values():
+        reps.setdefault(r["block_id"], []).append(r)
     preds: dict[str, pd.DataFrame] = {}
     meta: dict[str, dict[str, Any]] = {}
     for name, an in _analyzers(names, ctx, args.model, cat.df, blocks, say).items():
@@ -154,10 +156,11 @@ def analyze(args: argparse.Namespace, ctx: Context, prog_args: list[str]) -> dic
             continue
         say(f"{name}: {len(inputs)} blocks")
         df = A.predictions_frame(name, inputs, A.predict_blocks(an, inputs))
-        for v, rep in reps.items():  # told, in the block's note
+        for v, block_reps in reps.items():  # told, in the block's note
             ok = (df.block_id == v) & (df.status == "ok")
+            notes = [_rep_note(rep) for rep in block_reps]
             df.loc[ok, "error"] = df.loc[ok, "error"].map(
-                lambda e, rep=rep: "; ".join(x for x in (e, _rep_note(rep)) if x))
+                lambda e, notes=notes: "; ".join(x for x in (e, *notes) if x))
         preds[name] = df
         meta[name] = {"status": "ran", "description": an.describe()}
     measured = None
@@ -175,6 +178,7 @@ def analyze(args: argparse.Namespace, ctx: Context, prog_args: list[str]) -> dic
               if preds else pd.DataFrame())
     executed = {int(v) for v, c in counted.counts.items() if c > 0}
     n_exec = counted.executed_instructions()
+    n_static = counted.static_instructions()
     for row in lifted.itertuples(index=False):
         p = preds[row.analyzer]
         ex = p[p.block_id.isin(executed)]
@@ -185,7 +189,7 @@ def analyze(args: argparse.Namespace, ctx: Context, prog_args: list[str]) -> dic
             "status": row.status, "error": row.error,
             "cycles": None if math.isnan(total) else total,
             "blocks_predicted": int(len(ok)), "blocks_executed": len(executed),
-            "instructions_covered": insns / max(1, counted.meta()["instructions_static"]),
+            "instructions_covered": insns / max(1, n_static),
             "approximate": bool((ok.error != "").any())}
         if m["cycles"] and measured and "cycles" in measured:
             m["ipc"] = n_exec / m["cycles"]
@@ -196,7 +200,7 @@ def analyze(args: argparse.Namespace, ctx: Context, prog_args: list[str]) -> dic
         occ = int(counted.counts.get(b.block_id, 0))
         rows.append({"block_id": b.block_id, "address": b.address, "end": b.end,
                      "occurrences": occ, "insns": b.insns, "forms": b.forms,
-                     "rep": [r for r in counted.reps.values() if r["block_id"] == b.block_id],
+                     "rep": reps.get(b.block_id, []),
                      "predictions": {
                          n: {"cycles": None if math.isnan(c) else float(c), "status": s,
                              "error": e}

@@ -44,7 +44,7 @@ import pandas as pd
 import pyarrow as pa
 from elftools.elf.elffile import ELFFile
 
-from cpumap.evaluate.symbols import FunctionNotFound, resolve_function
+from cpumap.evaluate.symbols import FunctionNotFound, function_symbols, resolve_function
 from cpumap.isa import x86
 from cpumap.store.files import write_table_atomic
 
@@ -93,17 +93,6 @@ class Block:
         return len(self.insns)
 
 
-def _symbol(elf: ELFFile, name: str) -> tuple[int, int] | None:
-    for secname in (".symtab", ".dynsym"):
-        sec = elf.get_section_by_name(secname)
-        if sec is None:
-            continue
-        for sym in sec.get_symbol_by_name(name) or []:
-            if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] != "SHN_UNDEF":
-                return int(sym["st_value"]), int(sym["st_size"])
-    return None
-
-
 def function_bounds(binary: Path | str, function: str) -> tuple[int, int, bytes]:
     """(address, size, code bytes) of a function symbol; FunctionNotFound when absent."""
     path = Path(binary)
@@ -118,7 +107,7 @@ def function_bounds(binary: Path | str, function: str) -> tuple[int, int, bytes]
             raise BlockError(f"{path} is not an ELF file: {exc}") from exc
         if elf.get_machine_arch() != "x64":
             raise BlockError(f"{path} is not an x86-64 binary ({elf.get_machine_arch()})")
-        sym = _symbol(elf, function)
+        sym = function_symbols(elf).get(function)
         if sym is None:
             found = resolve_function(path, function)  # raises, naming the closest symbols
             raise FunctionNotFound(f"no function {function!r} in {path}; did you mean "

@@ -72,11 +72,16 @@ class CountResult:
     #: executed (Callgrind's count of the instruction; harness/gdb_count.py)
     reps: dict[int, dict[str, Any]] = field(default_factory=dict)
 
+    def static_instructions(self) -> int:
+        """Instructions executed by the blocks' static counts (a repeated string instruction
+        once per execution)."""
+        return int(sum(c * self.blocks[v].n_insns for v, c in self.counts.items()))
+
     def executed_instructions(self) -> int:
         """Instructions executed, each iteration of a repeated string instruction counted as
-        Callgrind counts it (the static count takes such an instruction once per execution)."""
-        static = sum(c * self.blocks[v].n_insns for v, c in self.counts.items())
-        return static + sum(r["executed"] - r["executions"] for r in self.reps.values())
+        Callgrind counts it."""
+        return self.static_instructions() + sum(r["executed"] - r["executions"]
+                                                for r in self.reps.values())
 
     @property
     def by_address(self) -> dict[int, int]:
@@ -91,8 +96,7 @@ class CountResult:
                 "derived": sum(m == "derived" for m in self.method.values()),
                 "breakpoint_hits": self.hits,
                 "occurrences_total": int(sum(self.counts.values())),
-                "instructions_static": int(sum(c * self.blocks[v].n_insns
-                                               for v, c in self.counts.items())),
+                "instructions_static": self.static_instructions(),
                 "instructions_executed": self.executed_instructions(),
                 "rep_instructions": [{"address": a, **r} for a, r in sorted(self.reps.items())],
                 "seconds": self.seconds, "region_seconds": self.region_seconds,

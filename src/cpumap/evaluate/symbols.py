@@ -49,26 +49,28 @@ def demangle(name: str) -> str:
         return name
     import cxxfilt
 
+    mangled, dot, clone = name.partition(".")  # a clone keeps its suffix: f(int).constprop.0
     try:
-        return cxxfilt.demangle(name.split(".")[0]) + name[len(name.split(".")[0]):]
+        return cxxfilt.demangle(mangled) + dot + clone
     except cxxfilt.InvalidName:
         return name
 
 
-def function_symbols(binary: Path | str) -> dict[str, tuple[int, int]]:
-    """Defined function symbols of the ELF (``.symtab``, else ``.dynsym``): name -> (address,
-    size)."""
+def function_symbols(binary: Path | str | ELFFile) -> dict[str, tuple[int, int]]:
+    """Defined function symbols of the ELF (``.symtab`` first, then ``.dynsym``): name ->
+    (address, size). ``binary``: a path, or an ELF file already open."""
+    if not isinstance(binary, ELFFile):
+        with open(binary, "rb") as handle:
+            return function_symbols(ELFFile(handle))
     out: dict[str, tuple[int, int]] = {}
-    with open(binary, "rb") as handle:
-        elf = ELFFile(handle)
-        for secname in (".symtab", ".dynsym"):
-            sec = elf.get_section_by_name(secname)
-            if sec is None:
-                continue
-            for sym in sec.iter_symbols():
-                if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] != "SHN_UNDEF" \
-                        and sym.name:
-                    out.setdefault(sym.name, (int(sym["st_value"]), int(sym["st_size"])))
+    for secname in (".symtab", ".dynsym"):
+        sec = binary.get_section_by_name(secname)
+        if sec is None:
+            continue
+        for sym in sec.iter_symbols():
+            if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] != "SHN_UNDEF" \
+                    and sym.name:
+                out.setdefault(sym.name, (int(sym["st_value"]), int(sym["st_size"])))
     return out
 
 

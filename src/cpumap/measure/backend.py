@@ -218,6 +218,7 @@ class Measurer:
         self.max_uncertainty = max_uncertainty
         self.too_uncertain: set[str] = set()
         self._known: dict[str, float] | None = None
+        self._uncertainty: dict[str, float] = {}  # kernel -> rel. uncertainty of its estimate
         self.measured_now = 0
 
     def _usable(self, agg: pd.DataFrame) -> dict[str, float]:
@@ -233,6 +234,8 @@ class Measurer:
             certain = agg.rel_uncertainty.fillna(np.inf) <= self.max_uncertainty
             self.too_uncertain |= set(agg.kernel[keep & ~certain & ~single])
             keep &= certain | single
+        self._uncertainty.update(zip(agg.kernel[keep], agg.rel_uncertainty[keep].astype(float),
+                                     strict=True))
         return dict(zip(agg.kernel[keep], agg.cycles_per_instance_est[keep].astype(float),
                         strict=True))
 
@@ -255,13 +258,11 @@ class Measurer:
         return {keys[k]: str(e) for k, e in zip(rows.kernel, rows.error, strict=True)}
 
     def uncertainty(self, kernels: list[str]) -> dict[str, float]:
-        """Relative uncertainty of each kernel's estimate, from the database's aggregate (what
-        ``measure`` returns is the estimate alone)."""
-        agg, _ = aggregate_db(self.db_dir, self.machine_id, self.params_id, self.version,
-                              self.bench.stable_tol)
-        keys = {asmgen.kernel_key(k): k for k in kernels}
-        sel = agg[agg.kernel.isin(set(keys))]
-        return {keys[k]: float(u) for k, u in zip(sel.kernel, sel.rel_uncertainty, strict=True)}
+        """Relative uncertainty of the estimate ``measure`` returned for each kernel (kept
+        from the same aggregate; ``measure`` returns the estimate alone)."""
+        self.known()
+        return {k: self._uncertainty[key] for k in kernels
+                if (key := asmgen.kernel_key(k)) in self._uncertainty}
 
     def measure(self, kernels: list[str], stage: str) -> dict[str, float]:
         """Cycles of each kernel (canonical text); failed kernels are left out."""

@@ -104,7 +104,7 @@ def _build(spec: x86.FormSpec, chain_ops: set[int], swap: bool = False) -> list 
     return regs
 
 
-def _swapped(spec: x86.FormSpec, regs: list, chain_ops: set[int]) -> list:
+def _swapped(regs: list, chain_ops: set[int]) -> list:
     """The second instance of a swapped chain: the chain operands' registers exchanged."""
     names = {regs[k] for k in chain_ops}
     out = list(regs)
@@ -148,7 +148,7 @@ def chains(name: str, cat) -> tuple[list[Chain], str]:
             try:
                 if swap:
                     two = (x86.encode(x86.instantiate(spec, regs, 0, base=base))
-                           + x86.encode(x86.instantiate(spec, _swapped(spec, regs, {r, w}), 0,
+                           + x86.encode(x86.instantiate(spec, _swapped(regs, {r, w}), 0,
                                                         base=base)))
                     code = two * (LINKS // 2)
                 else:

@@ -54,8 +54,7 @@ _MNEMONIC = {v: k for k, v in vars(ix.Mnemonic).items() if isinstance(v, int)}
 
 
 def _full(reg: int) -> int:
-    if ix.RegisterExt.is_vector_register(reg):
-        return ix.RegisterExt.full_register(reg)  # ZMMn: the lanes are one register here
+    """The whole register (EAX -> RAX; XMMn -> ZMMn: a vector's lanes are one register here)."""
     return ix.RegisterExt.full_register(reg)
 
 
@@ -209,7 +208,6 @@ class LoopAnalyzer:
 
     def __init__(self, latencies: pd.DataFrame, throughput, load_form: str = "MOV_R64_M64",
                  store_form: str = "MOV_M64_R64"):
-        self.table = latencies
         self.lat = form_latencies(latencies)
         self.throughput = throughput
         pairs = latencies[latencies.status == "ok"]
