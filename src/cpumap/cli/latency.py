@@ -33,10 +33,13 @@ def cmd_latency(args: argparse.Namespace, ctx: Context) -> int:
     for r in rows:
         u = unc.get(r["kernel"], math.nan)
         r["uncertainty"] = None if math.isnan(u) else u
-        first = x86.instruction_hexes(bytes.fromhex(r["kernel"].split(":", 1)[1]))
-        r["chain"] = "; ".join(x86.att(i) for i, _ in first[:2])
-        if math.isnan(r["latency"]):
-            r["latency"] = None
+        insns = x86.instruction_hexes(bytes.fromhex(r["kernel"].split(":", 1)[1]))
+        # one link (a form and its moves back), or two instances of a chain of one form
+        r["chain"] = "; ".join(x86.att(i) for i, _ in
+                               insns[:max(2, len(insns) // latency.LINKS)])
+        for key in ("latency", "round_trip"):
+            if math.isnan(r[key]):
+                r[key] = None
     if args.json:
         print(json.dumps({"form": name, "chains": rows}, indent=2))
     else:
@@ -47,5 +50,6 @@ def cmd_latency(args: argparse.Namespace, ctx: Context) -> int:
                 print(f"  {r['pair']:40s} failed: {r['error']}")
                 continue
             u = f" ± {100 * r['uncertainty']:.1f} %" if r["uncertainty"] is not None else ""
-            print(f"  {r['pair']:40s} {r['latency']:7.3f}{u}   {r['chain']}")
+            trip = f" (round trip {r['round_trip']:.3f})" if r["round_trip"] is not None else ""
+            print(f"  {r['pair']:40s} {r['latency']:7.3f}{u}{trip}   {r['chain']}")
     return 0 if all(r["status"] == "ok" for r in rows) else 1

@@ -21,13 +21,17 @@ Dependences through registers (full registers: writing EAX writes RAX; a vector 
 lanes are one), the flags (one unit), and memory: a load from the address expression of an
 earlier store is ready the store-forwarding round trip after the stored value (the chain
 ``store; reload`` measured per link: from the data's readiness to the reload's result).
-Address registers of a load feed its output through the load-use latency; a load-op form's
+Address registers of a load feed its output through the load-use latency (the form's own
+where it has one, a vector load's included, else the 64-bit load's); a load-op form's
 operation (its latency measured with the memory operand off the chain) starts when both its
-registers and the loaded value are ready. Zero idioms (``xor %eax, %eax``, ``vpxor %ymm1,
-%ymm1, %ymm1``...) read nothing.
+registers and the loaded value are ready; a read-modify-write of memory stores its result the
+form's measured chain through memory after its load could have had the value forwarded (the
+chain of one address is the round trip of that latency). Zero idioms (``xor %eax, %eax``,
+``vpxor %ymm1, %ymm1, %ymm1``...) read nothing.
 
 Latencies are the measured chains of :mod:`cpumap.measure.latency` (the largest of a form's
-pairs); a form without one counts 1 cycle and the block's result says so (approximate).
+register pairs, round trips across register classes by their share); a form without one
+counts 1 cycle and the block's result says so (approximate).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import iced_x86 as ix
 import pandas as pd
 
 from cpumap.evaluate.analyzers.base import BlockInput, Result, failed
+from cpumap.measure.latency import THROUGH_MEMORY
 
 ITERATIONS = 32
 _ZERO_IDIOMS = {"XOR", "SUB", "PXOR", "XORPS", "XORPD", "VPXOR", "VXORPS", "VXORPD", "VPXORD",
@@ -58,15 +63,32 @@ def _full(reg: int) -> int:
     return ix.RegisterExt.full_register(reg)
 
 
-def form_latencies(table: pd.DataFrame) -> dict[str, float]:
-    """Form -> the largest latency of its measured chains (rows of ``latency_rows``)."""
+def _kind(pair: str) -> str:
+    if "load-use" in pair:
+        return "load"
+    return "rmw" if THROUGH_MEMORY in pair else "reg"
+
+
+def form_latencies(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Kind -> form -> the largest latency of its measured chains of that kind (rows of
+    ``latency_rows``): ``reg`` (through registers and flags), ``load`` (address to loaded
+    value) and ``rmw`` (a read-modify-write through memory)."""
     ok = table[table.status == "ok"]
-    return {str(f): float(v) for f, v in ok.groupby("form").latency.max().items()}
+    out: dict[str, dict[str, float]] = {"reg": {}, "load": {}, "rmw": {}}
+    kinds = ok.pair.astype(str).map(_kind)
+    for (kind, form), v in ok.groupby([kinds, "form"]).latency.max().items():
+        out[str(kind)][str(form)] = float(v)
+    return out
 
 
 def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, float],
-                     load_use: float, forwarding: float) -> tuple[float, list[str]]:
-    """(cycles per iteration of the longest loop-carried chain, forms without a latency)."""
+                     load_use: float, forwarding: float, loads: Mapping[str, float] | None = None,
+                     rmw: Mapping[str, float] | None = None) -> tuple[float, list[str]]:
+    """(cycles per iteration of the longest loop-carried chain, forms without a latency).
+
+    ``lat``: register latencies per form; ``loads``: load-use per load form (default
+    ``load_use``); ``rmw``: chains through memory per read-modify-write form."""
+    loads, rmw = loads or {}, rmw or {}
     decoder = ix.Decoder(64, code)
     insns = list(decoder)
     if len(insns) != len(forms):
@@ -108,13 +130,15 @@ def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, floa
             dsts.add("FLAGS")
         if form in lat:
             latency = lat[form]
+        elif mem_r and mem_w and form in rmw:
+            latency = max(rmw[form] - forwarding, 0.0)
         elif mem_r and not srcs:
             latency = 0.0  # a plain load: its value is ready a load-use after its address
         else:
             latency = 1.0
             # not measured: noted below when something reads what it writes
             missing.append((len(steps), form or ix.Formatter(ix.FormatterSyntax.GAS).format(ins)))
-        steps.append((srcs, dsts, addr, mem_r, mem_w, latency))
+        steps.append((srcs, dsts, addr, mem_r, mem_w, latency, loads.get(form, load_use)))
     flags_read = any("FLAGS" in st[0] for st in steps)
     # a form whose latency nobody waits for (a compare whose flags only the dropped branch
     # read, a store, a nop) needs none
@@ -130,20 +154,20 @@ def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, floa
     ends = []
     for _ in range(ITERATIONS):
         end = 0.0
-        for srcs, dsts, addr, mem_r, mem_w, latency in steps:
+        for srcs, dsts, addr, mem_r, mem_w, latency, use in steps:
             t = max((ready.get(r, 0.0) for r in srcs), default=0.0)
             t_addr = max((ready.get(r, 0.0) for r in addr), default=0.0)
             if mem_r:
                 # the loaded value: its address, then the load; a value just stored at the same
                 # address comes through forwarding
-                t_load = t_addr + load_use
+                t_load = t_addr + use
                 for key in mem_r:
                     if where(key) in stored:
                         t_load = max(t_load, stored[where(key)] + forwarding)
                 # a plain load (no register input): the value is the load's; a load-op form:
                 # its operation (the latency measured with the memory operand off the chain)
                 # starts when both the registers and the loaded value are there
-                finish = t_load if not srcs else max(t, t_load) + latency
+                finish = t_load if not srcs and not mem_w else max(t, t_load) + latency
             else:
                 finish = max(t, t_addr) + latency
             for key in mem_w:  # the stored value: a register's, or a read-modify-write's result
@@ -208,7 +232,8 @@ class LoopAnalyzer:
 
     def __init__(self, latencies: pd.DataFrame, throughput, load_form: str = "MOV_R64_M64",
                  store_form: str = "MOV_M64_R64"):
-        self.lat = form_latencies(latencies)
+        kinds = form_latencies(latencies)
+        self.lat, self.loads, self.rmw = kinds["reg"], kinds["load"], kinds["rmw"]
         self.throughput = throughput
         pairs = latencies[latencies.status == "ok"]
         lu = pairs[(pairs.form == load_form) & pairs.pair.str.contains("load-use")]
@@ -234,7 +259,7 @@ class LoopAnalyzer:
                 out[b.key] = Result(cycles=base.cycles)
                 continue
             rec, missing = recurrence_bound(b.code, b.forms, self.lat, self.load_use,
-                                            self.forwarding)
+                                            self.forwarding, self.loads, self.rmw)
             notes = [base.error] if base.error else []
             if missing:
                 notes.append("approximate: no measured latency for " + ", ".join(missing[:4])

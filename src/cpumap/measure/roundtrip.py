@@ -1,0 +1,183 @@
+"""Latencies across register classes: chains closed by a second instruction (uops.info's
+method), for the pairs no chain of one form can measure.
+
+A form that reads a register of one class and writes another (``vmovq %xmm0, %rax``,
+``vpcmpeqb %ymm1, %ymm0, %k0``, ``cmp %rcx, %rax`` into the flags, a vector load's address
+into its data) cannot feed itself. Its chain is closed by a *back* path of canonical moves to
+the input's class, and only the round trip is measured. Without counters, timing alone cannot
+tell how a round trip splits between its two halves: every loop that crosses from one class
+to another crosses back, so adding a constant to every move one way and taking it from every
+move the other way changes no cycle count of any loop. cpumap fixes that freedom once per
+class: the general-purpose registers are the hub, and for each other class (vector, mask, MMX,
+the flags) the round trip of its two canonical moves (:data:`HUBS`) counts half for each.
+Every other form's latency is its round trip with a canonical back path minus that path's
+shares. A loop that crosses with any of these forms and back with any other gets the sum of
+their figures, which is the round trip measured up to how the forms' own costs add.
+
+Rows say so: the pair names its back path, the table keeps the measured round trip.
+"""
+
+from __future__ import annotations
+
+from cpumap.isa import x86
+from cpumap.measure.chainregs import (
+    LINKS,
+    Chain,
+    banned_registers,
+    build_regs,
+    free_indices,
+    label,
+    reg_index,
+)
+
+__all__ = ["HUBS", "VECTOR_LOADS", "cross_chains", "hub"]
+
+#: Per class, the candidates (first ok one wins) for its canonical pair of moves:
+#: (from a general-purpose register into the class, from the class into one).
+HUBS: dict[str, tuple[tuple[str, str], ...]] = {
+    "VEC": (("VMOVQ_XMM_R64", "VMOVQ_R64_XMM"), ("MOVQ_XMM_R64", "MOVQ_R64_XMM")),
+    "K": (("KMOVQ_K_R64", "KMOVQ_R64_K"),),
+    "MMX": (("MOVQ_MM_R64", "MOVQ_R64_MM"),),
+    "FLAGS": (("TEST_R64_R64", "SETB_R8"),),
+}
+#: Loads into a vector register that keep the loaded low 64 bits (so the value, BLOCK_INIT
+#: like every word of a mapped page, is a pointer again after the back move).
+VECTOR_LOADS = {
+    "MOVAPD", "MOVAPS", "MOVUPD", "MOVUPS", "MOVDQA", "MOVDQU", "LDDQU", "MOVQ", "MOVSD",
+    "MOVDDUP", "MOVNTDQA", "VMOVAPD", "VMOVAPS", "VMOVUPD", "VMOVUPS", "VMOVDQA", "VMOVDQU",
+    "VMOVDQA32", "VMOVDQA64", "VMOVDQU8", "VMOVDQU16", "VMOVDQU32", "VMOVDQU64", "VMOVQ",
+    "VMOVSD", "VMOVDDUP", "VMOVNTDQA", "VLDDQU", "VBROADCASTSD", "VPBROADCASTQ",
+    "VBROADCASTF128", "VBROADCASTI128", "VBROADCASTF64X2", "VBROADCASTI64X2",
+    "VBROADCASTF32X4", "VBROADCASTI32X4", "VBROADCASTF64X4", "VBROADCASTI64X4",
+    "VBROADCASTF32X8", "VBROADCASTI32X8"}
+_FLAGS = -1  # the pseudo-operand index of the flags
+
+
+def hub(cat, cls: str) -> tuple[str, str] | None:
+    """The canonical (into, out of) moves of ``cls`` this catalogue has, or None."""
+    for into, out in HUBS.get(cls, ()):
+        if all(f in cat.by_name and cat.ok(f) for f in (into, out)):
+            return into, out
+    return None
+
+
+def _step(cat, form: str, dst: int, src: int) -> bytes:
+    """One canonical move: its output on register ``dst`` of its class, every input on
+    ``src`` (``test %rax, %rax``)."""
+    spec = cat.spec(form)
+    regs = [x86.reg_name(o.cls, o.width, dst if "w" in o.access else src)
+            if o.kind == "reg" else None for o in spec.operands]
+    return x86.encode(x86.instantiate(spec, regs, 0))
+
+
+def _back(cat, src_cls: str, src: int, dst_cls: str, dst: int, spare: int
+          ) -> list[tuple[str, bytes]] | None:
+    """Canonical moves from register ``src`` of ``src_cls`` to ``dst`` of ``dst_cls``,
+    through the spare general-purpose register ``spare`` between two non-GPR classes."""
+    if src_cls == "GPR":
+        h = hub(cat, dst_cls)
+        return None if h is None else [(h[0], _step(cat, h[0], dst, src))]
+    h_out = hub(cat, src_cls)
+    if h_out is None:
+        return None
+    if dst_cls == "GPR":
+        return [(h_out[1], _step(cat, h_out[1], dst, src))]
+    h_in = hub(cat, dst_cls)
+    if h_in is None:
+        return None
+    return [(h_out[1], _step(cat, h_out[1], spare, src)),
+            (h_in[0], _step(cat, h_in[0], dst, spare))]
+
+
+def _gpr_fixed(op: x86.Operand) -> bool:
+    """An operand the encoding fixes to a general-purpose register (``cmp $1, %rax``)."""
+    return op.kind == "fixed" and x86.full_register(op.cls) in x86.GPR64
+
+
+def _pairs(spec: x86.FormSpec) -> list[tuple[int, int]]:
+    """(input operand, output operand) pairs across classes; ``_FLAGS`` stands for the flags
+    where they are the only output (compares) or the only input (SETcc). A read-modify-write
+    of memory or of an implicit register (MUL's RAX) has none: its own chain would run beside
+    the one measured."""
+    ops = spec.operands
+    implicit_rw = any("r" in a and "w" in a for _r, a in spec.implicit) or (
+        {r for r, a in spec.implicit if a == "r"} & {r for r, a in spec.implicit if a == "w"})
+    if implicit_rw or any(o.kind == "mem" and o.access == "rw" for o in ops):
+        return []
+    reads = [k for k, o in enumerate(ops) if o.kind == "reg" and "r" in o.access]
+    writes = [k for k, o in enumerate(ops) if o.kind == "reg" and "w" in o.access]
+    pairs = [(r, w) for w in writes for r in reads if ops[r].cls != ops[w].cls]
+    if spec.writes_flags and not writes:
+        fixed = [k for k, o in enumerate(ops) if _gpr_fixed(o) and o.access == "r"]
+        pairs += [(r, _FLAGS) for r in reads + fixed]
+    if spec.reads_flags and not reads:
+        pairs += [(_FLAGS, w) for w in writes]
+    return pairs
+
+
+def _cls(spec: x86.FormSpec, k: int) -> str:
+    if k == _FLAGS:
+        return "FLAGS"
+    op = spec.operands[k]
+    return "GPR" if _gpr_fixed(op) else op.cls
+
+
+def _index(spec: x86.FormSpec, regs: list, k: int) -> int:
+    """The allocator index of operand ``k``'s register (0 for the flags)."""
+    if k == _FLAGS:
+        return 0
+    op = spec.operands[k]
+    if _gpr_fixed(op):
+        return x86.GPR64.index(x86.full_register(op.cls))
+    return reg_index(regs[k], op.cls, op.width)
+
+
+def cross_chains(name: str, cat) -> list[Chain]:
+    """The round-trip chains of form ``name`` (module docstring)."""
+    spec, mnemonic = cat.spec(name), cat.by_name[name].mnemonic
+    ops = spec.operands
+    banned = banned_registers(spec)
+    base = "RBX" if "RBX" not in banned else "RSI"
+    gprs = free_indices("GPR", banned | {base}, True)
+    out: list[Chain] = []
+    for r, w in _pairs(spec):
+        chain_ops = {k for k in (r, w) if k != _FLAGS}
+        regs = build_regs(spec, chain_ops)
+        if regs is None or base in {x86.full_register(x) for x in regs if x}:
+            continue
+        used = {x86.full_register(x) for x in regs if x}
+        spare = [i for i in gprs if x86.reg_name("GPR", 64, i) not in used]
+        if not spare:
+            continue
+        src, dst = _index(spec, regs, w), _index(spec, regs, r)
+        try:
+            back = _back(cat, _cls(spec, w), src, _cls(spec, r), dst, spare[0])
+            if back is None:
+                continue
+            link = x86.encode(x86.instantiate(spec, regs, 0, base=base))
+        except x86.FormError:
+            continue
+        forms = tuple(f for f, _ in back)
+        into_out = {hub(cat, c) for c in ("VEC", "K", "MMX", "FLAGS")} - {None}
+        split = len(forms) == 1 and ((name, forms[0]) in into_out
+                                     or (forms[0], name) in into_out)
+        side = {r: "flags" if r == _FLAGS else label(spec, r),
+                w: "flags" if w == _FLAGS else label(spec, w)}
+        out.append(Chain(name, f"{side[r]}->{side[w]} (round trip with {'+'.join(forms)})",
+                         (link + b"".join(code for _, code in back)) * LINKS, LINKS,
+                         back=() if split else forms, split=split))
+    # a vector load's address into its data: a pointer chase closed by a move to the address
+    mem = [k for k, o in enumerate(ops) if o.kind == "mem"]
+    h = hub(cat, "VEC")
+    if mnemonic in VECTOR_LOADS and h is not None and len(ops) == 2 and mem == [1] \
+            and ops[0].kind == "reg" and ops[0].cls == "VEC" and ops[0].access == "w" \
+            and ops[1].width >= 64 and not spec.implicit:
+        regs = [x86.reg_name("VEC", ops[0].width, 0), None]
+        try:
+            link = x86.encode(x86.instantiate(spec, regs, 0, base="RAX"))
+            out.append(Chain(name, f"{ops[1].label}->{label(spec, 0)} (load-use, round trip "
+                                   f"with {h[1]})",
+                             (link + _step(cat, h[1], 0, 0)) * LINKS, LINKS, back=(h[1],)))
+        except x86.FormError:
+            pass
+    return out
