@@ -46,7 +46,7 @@ def _pred(analyzer: str, cycles: dict[tuple[str, int], float]) -> pd.DataFrame:
                          for (b, i), c in cycles.items()])
 
 
-def test_metrics_against_each_truth_per_application(sources, catalogue):
+def test_metrics_against_each_truth_per_application(sources, catalogue, tmp_path):
     blocks = corpus.corpus_blocks(corpus.corpus_sources(sources), catalogue)
     nan = math.nan
     preds = pd.concat([
@@ -76,7 +76,28 @@ def test_metrics_against_each_truth_per_application(sources, catalogue):
     html = report.corpus_section(blocks, preds, corpus.metrics_table(blocks, preds),
                                  [{"analyzer": "model", "description": "d", "blocks": 4,
                                    "failed_blocks": 2, "seconds": 0.1,
-                                   "errors": {"x": 2}}], "data/x")
+                                   "errors": {"x": 2}}], "data/x", tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["model.png", "native.png"]
     assert html.startswith("<h2>Real basic blocks (BHive corpus)</h2>")
     assert html.count("data:image/png;base64,") == 2  # native and model against written
     assert "x (2)" in html
+
+
+def test_shards_split_distinct_blocks_and_merge_back():
+    """Every block lands in exactly one shard, the copies of one block in one shard, and the
+    merged table and metadata equal one job's."""
+    codes = [bytes([i, i + 1]) for i in range(40)] * 2  # each block in two applications
+    shards = [corpus.shard_of(c, 4) for c in codes]
+    assert set(shards) == {0, 1, 2, 3}
+    assert shards[:40] == shards[40:]
+    rows = pd.DataFrame({"benchmark": ["a"] * 40 + ["b"] * 40, "block_id": list(range(80)),
+                         "cycles": [float(i) for i in range(80)]})
+    parts = [rows[[s == k for s in shards]] for k in range(4)]
+    metas = [{"analyzer": "native", "description": "d", "blocks": len(p),
+              "failed_blocks": 1, "seconds": 1.5 * (k + 1), "errors": {"SIGSEGV": 1},
+              "notes": {}} for k, p in enumerate(parts)]
+    df, meta = corpus.merge_shards(parts[::-1], metas)
+    pd.testing.assert_frame_equal(df, rows)
+    assert meta["blocks"] == 80 and meta["failed_blocks"] == 4
+    assert meta["seconds"] == pytest.approx(15.0) and meta["shard_seconds_max"] == 6.0
+    assert meta["errors"] == {"SIGSEGV": 4} and meta["shards"] == 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 
 import pandas as pd
@@ -40,12 +41,17 @@ def test_report_is_self_contained_with_a_row_per_analyzer(tmp_path):
     out = report.write_report(
         tmp_path / "index.html", title="t", header={"machine id": "m"}, metrics=metrics,
         kernels=kernels, predictions=preds, analyzers=status, notes=["a note"],
-        extra_sections=[report.fragment_section(frag)])
+        extra_sections=[report.fragment_section(frag)], plots=tmp_path / "plots")
     html = out.read_text()
     assert not re.search(r'(src|href)="(https?:|//)', html)  # nothing fetched from elsewhere
     assert "<script" not in html and "<link" not in html
     # one embedded plot per analyzer that ran
     assert html.count('src="data:image/png;base64,') == 2
+    # the same plots as files for snakemake --report, the same bytes as embedded
+    pngs = sorted(tmp_path.joinpath("plots").glob("*.png"))
+    assert len(pngs) == 2
+    for png in pngs:
+        assert base64.b64encode(png.read_bytes()).decode() in html
     for name in ("uiCA", "IACA", "Ithemal", "Gus"):
         assert f'<tr class="unavailable"><td>{name}</td>' in html
         assert report.esc(status[name]["reason"]) in html

@@ -105,6 +105,7 @@ EVAL_KERNELS = f"{EDIR}/kernels.tsv"
 EVAL_METRICS = f"{EDIR}/metrics.tsv"
 EVAL_METRICS_JSON = f"{EDIR}/metrics.json"
 EVAL_REPORT = f"{MDIR}/report/index.html"
+EVAL_PLOTS = f"{EDIR}/plots"
 
 
 def eval_analyzers_run():
@@ -211,15 +212,29 @@ CDIR = f"{MDIR}/corpus"
 CORPUS_BLOCKS = f"{CDIR}/blocks.parquet"
 CORPUS_PRED = f"{CDIR}/predictions/{{analyzer}}.parquet"
 CORPUS_PRED_META = f"{CDIR}/predictions/{{analyzer}}.json"
+CORPUS_SHARD = f"{CDIR}/predictions/{{analyzer}}/shard-{{shard}}.parquet"
+CORPUS_SHARD_META = f"{CDIR}/predictions/{{analyzer}}/shard-{{shard}}.json"
 CORPUS_LATENCY = f"{CDIR}/latency.tsv"
 CORPUS_METRICS = f"{CDIR}/metrics.tsv"
 CORPUS_METRICS_JSON = f"{CDIR}/metrics.json"
 CORPUS_SECTION = f"{CDIR}/section.html"
+CORPUS_PLOTS = f"{CDIR}/plots"
 
 
 def corpus_analyzers():
     """Analyzers run on the corpus (model only when the model stage runs)."""
     return [a for a in CORPUS["analyzers"] if a != "model" or config["model"]["enabled"]]
+
+
+def corpus_shards(kind):
+    """The shard tables (kind "table") or their metadata ("meta") of one analyzer."""
+    path = CORPUS_SHARD if kind == "table" else CORPUS_SHARD_META
+
+    def shards(wildcards):
+        return [path.format(mid=wildcards.mid, analyzer=wildcards.analyzer, shard=k)
+                for k in range(CORPUS.get("shards", 1))]
+
+    return shards
 
 
 def corpus_predictions(wildcards):

@@ -26,14 +26,16 @@ rule corpus_predict_tool:
         blocks=CORPUS_BLOCKS,
         machine=MACHINE_JSON,
     output:
-        table=CORPUS_PRED,
-        meta=CORPUS_PRED_META,
+        table=CORPUS_SHARD,
+        meta=CORPUS_SHARD_META,
     log:
-        f"{LOGS}/corpus/predict-{{analyzer}}.log",
+        f"{LOGS}/corpus/predict-{{analyzer}}-{{shard}}.log",
     wildcard_constraints:
         analyzer="llvm-mca|osaca",
+        shard=r"\d+",
     params:
         evaluate=EVAL,
+        shards=CORPUS.get("shards", 1),
     threads: 1
     conda:
         "../../envs/cpumap.yaml"
@@ -47,14 +49,16 @@ rule corpus_predict_model:
         model=MODEL_JSON,
         forms=FORMS,
     output:
-        table=CORPUS_PRED,
-        meta=CORPUS_PRED_META,
+        table=CORPUS_SHARD,
+        meta=CORPUS_SHARD_META,
     log:
-        f"{LOGS}/corpus/predict-{{analyzer}}.log",
+        f"{LOGS}/corpus/predict-{{analyzer}}-{{shard}}.log",
     wildcard_constraints:
         analyzer="model",
+        shard=r"\d+",
     params:
         evaluate=EVAL,
+        shards=CORPUS.get("shards", 1),
     threads: 1
     conda:
         "../../envs/cpumap.yaml"
@@ -69,14 +73,16 @@ rule corpus_predict_native:
         machine=MACHINE_JSON,
         harness=HARNESS_BIN,
     output:
-        table=CORPUS_PRED,
-        meta=CORPUS_PRED_META,
+        table=CORPUS_SHARD,
+        meta=CORPUS_SHARD_META,
     log:
-        f"{LOGS}/corpus/predict-{{analyzer}}.log",
+        f"{LOGS}/corpus/predict-{{analyzer}}-{{shard}}.log",
     wildcard_constraints:
         analyzer="native|written",
+        shard=r"\d+",
     params:
         evaluate=EVAL,
+        shards=CORPUS.get("shards", 1),
         bench=config["bench"],
         machine=config["machine"],
         workdir=f"{CDIR}/work-{{analyzer}}",
@@ -87,6 +93,23 @@ rule corpus_predict_native:
         "../../envs/cpumap.yaml"
     script:
         "../scripts/evaluate_predict.py"
+
+
+rule corpus_merge:
+    input:
+        tables=corpus_shards("table"),
+        metas=corpus_shards("meta"),
+    output:
+        table=CORPUS_PRED,
+        meta=CORPUS_PRED_META,
+    log:
+        f"{LOGS}/corpus/merge-{{analyzer}}.log",
+    wildcard_constraints:
+        analyzer="model|native|written|llvm-mca|osaca",
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/corpus_merge.py"
 
 
 rule corpus_latency:
@@ -144,6 +167,9 @@ rule corpus_metrics:
                        category="Real blocks (BHive corpus)"),
         metrics_json=CORPUS_METRICS_JSON,
         section=CORPUS_SECTION,
+        plots=report(directory(CORPUS_PLOTS), patterns=["{name}.png"],
+                     caption="../report/corpus_plots.rst",
+                     category="Real blocks (BHive corpus)"),
     log:
         f"{LOGS}/corpus/metrics.log",
     params:

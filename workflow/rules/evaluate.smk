@@ -201,6 +201,8 @@ rule eval_report:
     output:
         html=report(EVAL_REPORT, caption="../report/eval_report.rst",
                     category="Analyzer evaluation"),
+        plots=report(directory(EVAL_PLOTS), patterns=["{name}.png"],
+                     caption="../report/eval_plots.rst", category="Analyzer evaluation"),
     log:
         f"{LOGS}/evaluate/report.log",
     conda:

@@ -26,7 +26,9 @@ files.write_tsv_atomic(metrics, snakemake.output.metrics)
 files.write_json_atomic({"metrics": json.loads(metrics.to_json(orient="records")),
                          "analyzers": metas, "corpus": snakemake.params.corpus},
                         snakemake.output.metrics_json)
+plots = Path(snakemake.output.plots)
+plots.mkdir(parents=True, exist_ok=True)
 section = report.corpus_section(blocks, predictions, metrics, metas,
-                                str(snakemake.params.corpus["dir"]))
+                                str(snakemake.params.corpus["dir"]), plots)
 files.write_text_atomic(section, snakemake.output.section)
 print(metrics[metrics.application == "all"].to_string(index=False))

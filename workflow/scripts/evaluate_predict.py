@@ -2,8 +2,9 @@
 suite, or of a block corpus.
 
 Writes predictions/<analyzer>/<benchmark>.parquet (the suite: one row per block, failures with
-their error) or corpus/predictions/<analyzer>.parquet (the corpus: one table), and
-<analyzer>.json beside them (what ran, how long, how many blocks failed).
+their error) or corpus/predictions/<analyzer>/shard-<k>.parquet (the corpus: one table per
+shard of its blocks, corpus_merge joins them; the loop analyzer's one table), and a .json
+beside them (what ran, how long, how many blocks failed).
 """
 
 import dataclasses
@@ -31,6 +32,14 @@ cfg = snakemake.params.evaluate
 inp = snakemake.input.blocks  # the suite's tables, or the corpus's one
 tables = [files.read_parquet_checked(p) for p in ([inp] if isinstance(inp, str) else inp)]
 blocks = A.block_inputs(pd.concat(tables, ignore_index=True), cfg["drop_terminator"])
+shards = snakemake.params.get("shards")  # the corpus: this job's part of the blocks
+if shards:
+    from cpumap.evaluate.corpus import shard_of
+
+    shard = int(snakemake.wildcards.shard)
+    blocks = [b for b in blocks
+              if shard_of(b.code or "\n".join(b.insns).encode(), shards) == shard]
+    print(f"{name}: shard {shard} of {shards}", flush=True)
 print(f"{name}: {len(blocks)} blocks of {len(tables)} benchmarks", flush=True)
 
 target = None

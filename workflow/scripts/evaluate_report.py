@@ -59,8 +59,10 @@ mixing = coverage.summary(coverage.suite_coverage(
     suite_blocks, counts, (), Catalogue.load(Path(snakemake.input.forms))))
 notes = [report.residency_note(s), report.sse_avx_note(mixing, sse_avx)]
 extra = [report.fragment_section(p) for p in snakemake.input.extra]
+plots = Path(snakemake.output.plots)
+plots.mkdir(parents=True, exist_ok=True)
 report.write_report(snakemake.output.html, title="cpumap: code analyzers on real kernels",
                     header=header, metrics=metrics, kernels=kernels, predictions=predictions,
                     analyzers={a["name"]: a for a in mj["analyzers"]}, notes=notes,
-                    extra_sections=extra, blocks=blocks, counts=counts)
+                    extra_sections=extra, blocks=blocks, counts=counts, plots=plots)
 print(f"wrote {snakemake.output.html}")

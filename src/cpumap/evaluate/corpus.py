@@ -23,6 +23,9 @@ cost 10^9 pairs, and scipy's weightedtau weighs ranks, not blocks).
 from __future__ import annotations
 
 import math
+import zlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +35,8 @@ from scipy.stats import kendalltau
 from cpumap.evaluate.coverage import read_corpus
 from cpumap.isa import x86
 
-__all__ = ["COMMON", "TRUTHS", "corpus_blocks", "corpus_sources", "metrics_table"]
+__all__ = ["COMMON", "TRUTHS", "corpus_blocks", "corpus_sources", "merge_shards",
+           "metrics_table", "shard_of"]
 
 #: The analyzers that are ground truths: measured here, on this CPU.
 TRUTHS = ("written", "native")
@@ -115,3 +119,31 @@ def metrics_table(blocks: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFra
             "coverage", "rms_rel_error_ipc", "mape_ipc", "kendall_tau", "rms_weighted",
             "mape_weighted"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def shard_of(code: bytes, shards: int) -> int:
+    """The shard of a block: a hash of its bytes, so that the copies of one block in several
+    applications land in one job (measured once) and a block keeps its shard from run to
+    run."""
+    return zlib.crc32(code) % shards
+
+
+def merge_shards(tables: Sequence[pd.DataFrame], metas: Sequence[Mapping]
+                 ) -> tuple[pd.DataFrame, dict]:
+    """One analyzer's predictions and metadata from those of its shards: the rows in block
+    order; counts, seconds and calls summed; the most frequent errors and notes over all."""
+    df = pd.concat(list(tables), ignore_index=True).sort_values(
+        ["benchmark", "block_id"], kind="stable").reset_index(drop=True)
+    meta = dict(metas[0]) if metas else {}
+    for key in ("blocks", "failed_blocks", "ok_with_notes", "seconds", "calls",
+                "failed_calls"):
+        if any(key in m for m in metas):
+            meta[key] = sum(m.get(key, 0) for m in metas)
+    for key in ("errors", "notes"):
+        total: Counter = Counter()
+        for m in metas:
+            total.update(m.get(key) or {})
+        meta[key] = dict(total.most_common(20))
+    meta["shards"] = len(metas)
+    meta["shard_seconds_max"] = max((float(m.get("seconds", 0)) for m in metas), default=0.0)
+    return df, meta

@@ -26,7 +26,7 @@ import pandas as pd  # noqa: E402
 
 from cpumap.evaluate.corpus import COMMON  # noqa: E402
 from cpumap.evaluate.coverage import Coverage  # noqa: E402
-from cpumap.store.files import write_text_atomic  # noqa: E402
+from cpumap.store.files import write_bytes_atomic, write_text_atomic  # noqa: E402
 
 __all__ = ["Section", "build_report", "figure_html", "fragment_section", "table_html",
            "write_report"]
@@ -86,11 +86,14 @@ def table_html(df: pd.DataFrame, pct: Iterable[str] = (), digits: int = 3,
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def figure_html(fig, caption: str = "", alt: str = "") -> str:
-    """A matplotlib figure as an embedded PNG (and closes the figure)."""
+def figure_html(fig, caption: str = "", alt: str = "", png: Path | None = None) -> str:
+    """A matplotlib figure as an embedded PNG (and closes the figure); with ``png``, the same
+    image also written there (the pipeline's plots for ``snakemake --report``)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+    if png is not None:
+        write_bytes_atomic(buf.getvalue(), png)
     data = base64.b64encode(buf.getvalue()).decode("ascii")
     cap = f"<figcaption>{caption}</figcaption>" if caption else ""
     return (f'<figure><img alt="{esc(alt or caption)}" '
@@ -108,7 +111,7 @@ def fragment_section(path: str | Path, title: str | None = None) -> Section:
     return Section(title, text)
 
 
-def scatter_plot(kernels: pd.DataFrame, analyzer: str) -> str:
+def scatter_plot(kernels: pd.DataFrame, analyzer: str, png: Path | None = None) -> str:
     """Predicted vs measured IPC of one analyzer's eligible, predicted benchmarks."""
     k = kernels[(kernels.analyzer == analyzer) & kernels.eligible & (kernels.status == "ok")]
     k = k.dropna(subset=["ipc_measured", "ipc_predicted"])
@@ -130,7 +133,7 @@ def scatter_plot(kernels: pd.DataFrame, analyzer: str) -> str:
     ax.set_title(analyzer)
     ax.grid(True, which="both", alpha=.3)
     return figure_html(fig, f"{esc(analyzer)}: predicted vs measured IPC ({len(k)} kernels)",
-                       f"{analyzer} scatter plot")
+                       f"{analyzer} scatter plot", png)
 
 
 def _target_note(target: Mapping | None) -> str:
@@ -288,8 +291,9 @@ def build_report(*, title: str, header: Mapping[str, str], metrics: pd.DataFrame
                  kernels: pd.DataFrame, predictions: pd.DataFrame,
                  analyzers: Mapping[str, Mapping], notes: Sequence[str] = (),
                  extra_sections: Sequence[Section] = (), blocks: pd.DataFrame | None = None,
-                 counts: pd.DataFrame | None = None) -> str:
-    """The whole report as one HTML string.
+                 counts: pd.DataFrame | None = None, plots: Path | None = None) -> str:
+    """The whole report as one HTML string; with ``plots``, each analyzer's scatter plot also
+    as ``<analyzer>.png`` there.
 
     ``analyzers``: name -> {"status": "ran" | "not run" | "unavailable", "reason",
     "description"}, in table order. ``extra_sections`` come after the evaluation sections.
@@ -297,10 +301,11 @@ def build_report(*, title: str, header: Mapping[str, str], metrics: pd.DataFrame
     details section lists every executed block with each analyzer's answer.
     """
     ran = [n for n, i in analyzers.items() if i.get("status") == "ran"]
-    plots = "".join(scatter_plot(kernels, a) for a in ran) if len(kernels) else ""
+    figures = "".join(scatter_plot(kernels, a, plots / f"{a}.png" if plots else None)
+                      for a in ran) if len(kernels) else ""
     sections = [
         _metrics_section(metrics, analyzers),
-        Section("Predicted vs measured", plots or "<p>No kernel.</p>", "plots"),
+        Section("Predicted vs measured", figures or "<p>No kernel.</p>", "plots"),
         _kernels_section(kernels, ran),
         *([_details_section(blocks, counts, predictions,
                             [a for a in ran if a in set(predictions.analyzer)])]
@@ -375,7 +380,8 @@ def residency_note(summary: Mapping) -> str:
     return text
 
 
-def density_plot(truth_ipc: pd.Series, pred_ipc: pd.Series, title: str, truth: str) -> str:
+def density_plot(truth_ipc: pd.Series, pred_ipc: pd.Series, title: str, truth: str,
+                 png: Path | None = None) -> str:
     """Predicted vs measured IPC of blocks: points where they are few, a log-density
     hexbin where they are thousands."""
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
@@ -399,12 +405,13 @@ def density_plot(truth_ipc: pd.Series, pred_ipc: pd.Series, title: str, truth: s
     ax.set_ylabel("predicted IPC")
     ax.set_title(title)
     ax.grid(True, alpha=.3)
-    return figure_html(fig, f"{esc(title)} against {esc(truth)}: {n} blocks", title)
+    return figure_html(fig, f"{esc(title)} against {esc(truth)}: {n} blocks", title, png)
 
 
 def corpus_section(blocks: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.DataFrame,
-                   metas: Sequence[Mapping], directory: str) -> str:
-    """The report's section on a block corpus (an HTML fragment, its first <h2> the title)."""
+                   metas: Sequence[Mapping], directory: str, plots: Path | None = None) -> str:
+    """The report's section on a block corpus (an HTML fragment, its first <h2> the title);
+    with ``plots``, each density plot also as ``<analyzer>.png`` there."""
     apps = sorted(blocks.benchmark.unique())
     parts = ["<h2>Real basic blocks (BHive corpus)</h2>",
              f"<p>{len(blocks)} blocks ({blocks.code.nunique()} distinct) of {len(apps)} "
@@ -439,5 +446,5 @@ def corpus_section(blocks: pd.DataFrame, predictions: pd.DataFrame, metrics: pd.
         for a in [c for c in wide.columns if c != "written"]:
             ok = wide.written.gt(0) & wide[a].gt(0)
             parts.append(density_plot(n[ok] / wide.written[ok], n[ok] / wide[a][ok], a,
-                                      "written"))
+                                      "written", plots / f"{a}.png" if plots else None))
     return "\n".join(parts) + "\n"

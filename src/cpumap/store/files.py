@@ -116,6 +116,11 @@ def write_parquet_atomic(
     return write_table_atomic(table, path)
 
 
+def write_bytes_atomic(data: bytes, path: Path | str) -> Path:
+    """Write bytes atomically; returns the path."""
+    return _write_with(path, lambda h: h.write(data), "wb")
+
+
 def write_text_atomic(text: str, path: Path | str) -> Path:
     """Write UTF-8 text atomically; returns the path."""
     return _write_with(path, lambda handle: handle.write(text), "w")
