@@ -60,9 +60,19 @@ CHAINS = {
     "VMOVUPD_YMM_M256": (lambda i: "vmovupd (%rdx), %ymm2" if i % 2 == 0
                          else "vmovq %xmm2, %rdx", ["mov %rdi, (%rdi)", "mov %rdi, %rdx"], 2,
                          "M256->YMM#0 (load-use, round trip with VMOVQ_R64_XMM)"),
+    # loads whose value is no address, made the address again by `and $0` and `add`
+    "MOVZX_R64_M8": (lambda i: ("movzbq (%rdx), %rdx", "and $0, %rdx", "add %rdi, %rdx")[i % 3],
+                     ["mov %rdi, %rdx"], 3,
+                     "M8->R64#0 (load-use, round trip with AND_R64_I8+ADD_R64_R64)"),
+    "VADDPD_YMM_YMM_M256": (lambda i: ("vaddpd (%rdx), %ymm0, %ymm2", "vmovq %xmm2, %rdx",
+                                       "and $0, %rdx", "add %rdi, %rdx")[i % 4],
+                            [*ONE, "mov %rdi, %rdx"], 4,
+                            "M256->YMM#0 (load-use, round trip with "
+                            "VMOVQ_R64_XMM+AND_R64_I8+ADD_R64_R64)"),
 }
 #: forms whose measured round trip, not their share of it, is compared
-ROUND_TRIPS = {"VMOVQ_R64_XMM", "CVTSD2SI_R64_XMM", "CMP_R64_R64", "VMOVUPD_YMM_M256"}
+ROUND_TRIPS = {"VMOVQ_R64_XMM", "CVTSD2SI_R64_XMM", "CMP_R64_R64", "VMOVUPD_YMM_M256",
+               "MOVZX_R64_M8", "VADDPD_YMM_YMM_M256"}
 
 
 def cpumap_latency(results: str, form: str) -> dict:

@@ -56,10 +56,17 @@ def test_chains_of_common_forms(catalogue):
     assert by_pair("MUL_R64", catalogue) == {"implicit RAX": ["mul %rcx"]}
     assert by_pair("CMC", catalogue) == {"flags->flags": ["cmc"]}
     assert by_pair("LEA_R64_M", catalogue) == {"address->R64#0": ["lea 8(%rax), %rax"]}
-    # the memory operand stays off the chain: the register's latency, not the load's
-    assert by_pair("ADD_R64_M64", catalogue) == {"R64#0->R64#0": ["add (%rbx), %rax"]}
-    # an 8-bit load cannot chase a pointer (it would load 0x00 of BLOCK_INIT)
-    assert latency.chains("MOVZX_R64_M8", catalogue)[0] == []
+    # the register's chain keeps the memory operand off it; the address's chain makes the
+    # loaded sum an address again: `and $0` (which waits for its input) and add a register
+    # holding the sandbox's address
+    assert by_pair("ADD_R64_M64", catalogue) == {
+        "R64#0->R64#0": ["add (%rbx), %rax"],
+        "M64->R64#0 (load-use, round trip with AND_R64_I8+ADD_R64_R64)":
+            ["add (%rax), %rax", "and $0, %rax", "add %rcx, %rax"]}
+    # an 8-bit load cannot chase a pointer (it would load 0x00 of BLOCK_INIT): rebased
+    assert by_pair("MOVZX_R64_M8", catalogue) == {
+        "M8->R64#0 (load-use, round trip with AND_R64_I8+ADD_R64_R64)":
+            ["movzbq (%rax), %rax", "and $0, %rax", "add %rcx, %rax"]}
     got, why = latency.chains("NOT_A_FORM", catalogue)
     assert got == [] and "not an ok form" in why
 
@@ -81,8 +88,10 @@ def test_chains_across_widths_fixed_registers_and_memory(catalogue):
     assert by_pair("MUL_R64", catalogue) == {"implicit RAX": ["mul %rcx"]}
     got, why = latency.chains("MOVAPD_M128_XMM", catalogue)
     assert got == [] and "a store" in why
-    got, why = latency.chains("CVTDQ2PD_XMM_M64", catalogue)
-    assert got == [] and "not an address" in why
+    # a conversion from memory: its output moved back, then rebased
+    assert by_pair("CVTDQ2PD_XMM_M64", catalogue) == {
+        "M64->XMM#0 (load-use, round trip with VMOVQ_R64_XMM+AND_R64_I8+ADD_R64_R64)":
+            ["cvtdq2pd (%rax), %xmm0", "vmovq %xmm0, %rax", "and $0, %rax", "add %rcx, %rax"]}
 
 
 def test_round_trips_across_register_classes(catalogue):
@@ -149,6 +158,17 @@ def test_round_trip_shares_are_subtracted(catalogue):
         FakeMeasurer(per_link), catalogue, ["VMOVQ_R64_XMM", "VMOVQ_XMM_R64"])}
     assert both["VMOVQ_R64_XMM"]["latency"] + both["VMOVQ_XMM_R64"]["latency"] == \
         pytest.approx(6.1)
+    # a rebased load: its round trip less the own chains of `and $0` and `add` (each its
+    # latency, not half of anything)
+    from cpumap.measure import roundtrip
+
+    per_link[latency.chains("MOVZX_R64_M8", catalogue)[0][0].text] = 6.5
+    per_link[roundtrip.own_chain("AND_R64_I8", catalogue).text] = 1.0
+    per_link[roundtrip.own_chain("ADD_R64_R64", catalogue).text] = 1.25
+    row = latency.latency_rows(FakeMeasurer(per_link), catalogue, ["MOVZX_R64_M8"])[0]
+    assert row["latency"] == pytest.approx(6.5 - 2.25) and row["round_trip"] == 6.5
+    assert [x86.att(i) for i, _ in x86.instruction_hexes(bytes.fromhex(
+        roundtrip.own_chain("AND_R64_I8", catalogue).text.split(":")[1]))][0] == "and $0, %rax"
     # a back move whose round trip failed leaves the form failed, with that reason
     del per_link[chains["VMOVQ_XMM_R64"].text]
     row = latency.latency_rows(FakeMeasurer(per_link), catalogue, ["CVTSD2SI_R64_XMM"])[0]
@@ -159,14 +179,17 @@ def test_round_trips_run_on_this_cpu(catalogue, host, tmp_path):
     """The new kinds of chain, measured as written: every one runs (a vector load's pointer
     chase finds its page mapped and BLOCK_INIT in it), and none beats physics: a round trip
     of two moves across register files, or of a compare and a SETcc, takes at least a cycle
-    per instruction, and a read-modify-write at least its add's cycle; interference only
+    per instruction (a rebased load: the load, `and $0` and `add`, each a cycle at least: if
+    `and $0` were a zero idiom the chain would be broken and run faster), and a
+    read-modify-write at least its add's cycle; interference only
     slows a chain, so the 3 % below those floors is the clock's calibration and nothing
     else."""
     from cpumap.measure import batch, estimate, harness
     from cpumap.measure.settings import BenchSettings
 
     floors = {"VMOVQ_R64_XMM": 2.0, "CVTSD2SI_R64_XMM": 2.0, "CMP_R64_R64": 2.0,
-              "VMOVUPD_YMM_M256": 2.0, "ADD_M64_I8": 1.0, "VCVTPD2PS_XMM_YMM": 1.0}
+              "VMOVUPD_YMM_M256": 2.0, "ADD_M64_I8": 1.0, "VCVTPD2PS_XMM_YMM": 1.0,
+              "MOVZX_R64_M8": 3.0, "CVTDQ2PD_XMM_M64": 5.0}
     chains = [c for n in floors for c in latency.chains(n, catalogue)[0]]
     bench = BenchSettings()
     prep = batch.prepare_blocks([c.code for c in chains], catalogue, host, bench,
@@ -192,7 +215,8 @@ def test_every_chain_is_a_runnable_block(catalogue):
              "MOV_R64_M64", "MOV_M64_R64", "VDIVPD_YMM_YMM_YMM", "SHL_R64_CL", "ADC_R64_R64",
              "VPSHUFB_YMM_YMM_YMM", "MULSD_XMM_XMM", "CMC", "VCVTPD2PS_XMM_YMM",
              "ADD_AL_I8", "ADD_M64_I8", "CMP_RAX_I32", "CVTSD2SI_R64_XMM", "COMISD_XMM_XMM",
-             "VMOVUPD_YMM_M256", "VMOVQ_R64_XMM"]
+             "VMOVUPD_YMM_M256", "VMOVQ_R64_XMM", "MOVZX_R64_M8", "CVTDQ2PD_XMM_M64",
+             "CMP_R64_M64"]
     for name in names:
         got, why = latency.chains(name, catalogue)
         assert got, (name, why)
@@ -255,13 +279,18 @@ def test_recurrence_bound_exact(tmp_path, catalogue, lines, bound):
     (["add %rax, (%rbx)", "add $1, %rcx"], 6.0),
     # a pointer chase through a vector register: its own load-use (6) and the move back (3)
     (["vmovupd (%rax), %ymm0", "vmovq %xmm0, %rax"], 9.0),
+    # a load-op form's own address -> output chain (5, the add included), not 5 + 1
+    (["add (%rax), %rax"], 5.0),
+    # ... and its register chain where that is the longer one
+    (["add (%rbx), %rax"], 1.0),
 ])
 def test_recurrence_through_memory_and_vector_loads(tmp_path, catalogue, lines, bound):
     code = assemble(tmp_path, *lines)
     forms = forms_of(code, catalogue)
     got, missing = recurrence_bound(
-        code, forms, {"VMOVQ_R64_XMM": 3.0, "ADD_R64_I8": 1.0}, load_use=4.0, forwarding=1.0,
-        loads={"VMOVUPD_YMM_M256": 6.0}, rmw={"ADD_M64_I8": 6.0, "ADD_M64_R64": 6.0})
+        code, forms, {"VMOVQ_R64_XMM": 3.0, "ADD_R64_I8": 1.0, "ADD_R64_M64": 1.0},
+        load_use=4.0, forwarding=1.0, loads={"VMOVUPD_YMM_M256": 6.0, "ADD_R64_M64": 5.0},
+        rmw={"ADD_M64_I8": 6.0, "ADD_M64_R64": 6.0})
     assert got == pytest.approx(bound)
     assert missing == []
 

@@ -25,11 +25,13 @@ Pairs, for a form of the catalogue (instances built by the generator's own
 * ``store->load``: a 64-bit store followed by the reload of the same address, the round trip
   through store-to-load forwarding;
 * pairs across register classes (``vmovq %xmm0, %rax``, compares into the flags or a mask
-  register, a vector load's address into its data): a round trip closed by canonical moves,
-  :mod:`cpumap.measure.roundtrip`, which also says how such a round trip is shared out.
+  register, a vector load's address into its data) and the address -> output of loads whose
+  value is no address: a round trip closed by canonical moves (and ``and $0; add`` back to
+  the address), :mod:`cpumap.measure.roundtrip`, which also says how a round trip is shared
+  out.
 
-A form with none of these (stores, operations loading into a vector register, forms with no
-register output) gets a reason instead; ``latency_rows`` reports it as such.
+A form with none of these (stores, forms with nothing read and written) gets a reason
+instead; ``latency_rows`` reports it as such.
 """
 
 from __future__ import annotations
@@ -129,14 +131,12 @@ def chains(name: str, cat) -> tuple[list[Chain], str]:
             out.append(Chain(name, "store->load (forwarding round trip with MOV_R64_M64)",
                              (store + load) * LINKS, LINKS))
     out += roundtrip.cross_chains(name, cat)
+    out += roundtrip.load_chains(name, cat, any("load-use" in c.pair for c in out))
     if out:
         return out, ""
     if mem and ops[mem[0]].access == "w":
         return [], "a store: its latency shows only as store-to-load forwarding (measured " \
                    "for MOV_M64_R64)"
-    if mem and any(ops[k].cls == "VEC" for k in writes):
-        return [], "a load into a vector register whose value is not an address (an " \
-                   "operation or a conversion): no pointer chase through it"
     return [], "no input -> output pair: nothing read and written, across register " \
                "classes or through memory"
 
@@ -146,8 +146,9 @@ def latency_rows(measurer, cat, names: Iterable[str], stage: str = "latency") ->
     form without a chain; a chain whose measurement failed is a failed row.
 
     A round-trip chain's row keeps the measured round trip (``round_trip``, cycles per link)
-    and its latency is the round trip minus the shares of its back path, each share half of
-    the canonical round trip of that move (measured here too, when not asked for)."""
+    and its latency is the round trip minus the shares of its back path: half the canonical
+    round trip of a hub move, a REBASE form's own chain (measured here too, when not asked
+    for)."""
     todo: list[Chain] = []
     rows: list[dict] = []
     for name in sorted(set(names)):
@@ -156,20 +157,22 @@ def latency_rows(measurer, cat, names: Iterable[str], stage: str = "latency") ->
             rows.append({"form": name, "pair": "", "latency": float("nan"), "status": "none",
                          "error": why, "kernel": "", "round_trip": float("nan")})
         todo += got
-    wanted = {c.form for c in todo}
-    backs = {b for c in todo for b in c.back} - wanted
-    extra = [c for b in sorted(backs) for c in chains(b, cat)[0] if c.split]
-    measured = measurer.measure([c.text for c in todo + extra], stage=stage) if todo else {}
-    errors = measurer.errors([c.text for c in todo + extra if c.text not in measured])
+    own = {b: roundtrip.own_chain(b, cat) for b in sorted({b for c in todo for b in c.back})}
+    extra = [c for c in own.values() if c is not None]
+    texts = list(dict.fromkeys(c.text for c in todo + extra))
+    measured = measurer.measure(texts, stage=stage) if todo else {}
+    errors = measurer.errors([t for t in texts if t not in measured])
     share = {c.form: float(measured[c.text]) / c.links / 2 for c in todo + extra
              if c.split and c.text in measured}
+    share |= {b: float(measured[c.text]) / c.links for b, c in own.items()
+              if c is not None and not c.split and c.text in measured}
     for c in todo:
         cyc = measured.get(c.text)
         trip = float(cyc) / c.links if cyc is not None else float("nan")
         error = "" if cyc is not None else errors.get(c.text, "no ok repetition")
         lost = [b for b in c.back if b not in share]
         if cyc is not None and lost:
-            error = f"the canonical round trip of {', '.join(lost)} was not measured"
+            error = f"the own chain of {', '.join(lost)} (its share) was not measured"
         if error:
             lat = float("nan")
         elif c.split:

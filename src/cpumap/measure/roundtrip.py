@@ -14,6 +14,10 @@ Every other form's latency is its round trip with a canonical back path minus th
 shares. A loop that crosses with any of these forms and back with any other gets the sum of
 their figures, which is the round trip measured up to how the forms' own costs add.
 
+A load whose value is no address (a narrow load, a conversion from memory, a load-op form)
+is closed the same way into a general-purpose register and made the address again by
+:data:`REBASE`, whose forms count their own chains' latencies.
+
 Rows say so: the pair names its back path, the table keeps the measured round trip.
 """
 
@@ -30,7 +34,7 @@ from cpumap.measure.chainregs import (
     reg_index,
 )
 
-__all__ = ["HUBS", "VECTOR_LOADS", "cross_chains", "hub"]
+__all__ = ["HUBS", "REBASE", "VECTOR_LOADS", "cross_chains", "hub", "own_chain"]
 
 #: Per class, the candidates (first ok one wins) for its canonical pair of moves:
 #: (from a general-purpose register into the class, from the class into one).
@@ -50,6 +54,10 @@ VECTOR_LOADS = {
     "VBROADCASTF128", "VBROADCASTI128", "VBROADCASTF64X2", "VBROADCASTI64X2",
     "VBROADCASTF32X4", "VBROADCASTI32X4", "VBROADCASTF64X4", "VBROADCASTI64X4",
     "VBROADCASTF32X8", "VBROADCASTI32X8"}
+#: What makes any general-purpose value the load's address again: ``and $0`` (not a zero
+#: idiom: it waits for its input) then ``add`` of a register that holds the sandbox address
+#: (BLOCK_INIT); their shares are their own chains' latencies.
+REBASE = ("AND_R64_I8", "ADD_R64_R64")
 _FLAGS = -1  # the pseudo-operand index of the flags
 
 
@@ -132,6 +140,65 @@ def _index(spec: x86.FormSpec, regs: list, k: int) -> int:
     return reg_index(regs[k], op.cls, op.width)
 
 
+def own_chain(form: str, cat) -> Chain | None:
+    """The chain that gives a back move its share: a hub move's canonical round trip (half
+    each), or a form's chain through its own register (REBASE)."""
+    for c in cross_chains(form, cat):
+        if c.split:
+            return c
+    if form in REBASE:
+        spec = cat.spec(form)
+        regs = build_regs(spec, {0})
+        if regs is not None:
+            return Chain(form, f"{label(spec, 0)}->{label(spec, 0)}",
+                         x86.encode(x86.instantiate(spec, regs, 0, imm=0)) * LINKS, LINKS)
+    return None
+
+
+def _load_chain(name: str, cat, spec: x86.FormSpec) -> Chain | None:
+    """A load whose value is no address (a narrow load, a conversion, a load-op): its
+    address into its output, closed by a move to a general-purpose register and REBASE."""
+    ops = spec.operands
+    mem = [k for k, o in enumerate(ops) if o.kind == "mem" and o.access == "r"]
+    writes = [k for k, o in enumerate(ops) if o.kind == "reg" and "w" in o.access]
+    if len(mem) != 1 or len(writes) > 1 or spec.implicit \
+            or not all(f in cat.by_name and cat.ok(f) for f in REBASE):
+        return None
+    w = writes[0] if writes else (_FLAGS if spec.writes_flags else None)
+    if w is None:
+        return None
+    regs = build_regs(spec, {w} if w != _FLAGS else set())
+    if regs is None:
+        return None
+    banned = banned_registers(spec) | {x86.full_register(x) for x in regs if x}
+    free = free_indices("GPR", banned, True)
+    cls = _cls(spec, w)
+    # the address register: the output itself when it is a general-purpose register
+    addr = _index(spec, regs, w) if cls == "GPR" else (free.pop(0) if free else None)
+    if addr is None or len(free) < 2:
+        return None
+    pointer, spare = free[0], free[1]
+    try:
+        back = [] if cls == "GPR" else _back(cat, cls, _index(spec, regs, w), "GPR", addr,
+                                              spare)
+        if back is None:
+            return None
+        base = x86.reg_name("GPR", 64, addr)
+        and_spec, add_spec = cat.spec(REBASE[0]), cat.spec(REBASE[1])
+        rebase = (x86.encode(x86.instantiate(and_spec, [base, None], 0, imm=0))
+                  + x86.encode(x86.instantiate(add_spec,
+                                               [base, x86.reg_name("GPR", 64, pointer)], 0)))
+        link = x86.encode(x86.instantiate(spec, regs, 0, base=base))
+    except x86.FormError:
+        return None
+    forms = tuple(f for f, _ in back) + REBASE
+    out = "flags" if w == _FLAGS else label(spec, w)
+    return Chain(name, f"{ops[mem[0]].label}->{out} (load-use, round trip with "
+                       f"{'+'.join(forms)})",
+                 (link + b"".join(code for _, code in back) + rebase) * LINKS, LINKS,
+                 back=forms)
+
+
 def cross_chains(name: str, cat) -> list[Chain]:
     """The round-trip chains of form ``name`` (module docstring)."""
     spec, mnemonic = cat.spec(name), cat.by_name[name].mnemonic
@@ -178,6 +245,16 @@ def cross_chains(name: str, cat) -> list[Chain]:
             out.append(Chain(name, f"{ops[1].label}->{label(spec, 0)} (load-use, round trip "
                                    f"with {h[1]})",
                              (link + _step(cat, h[1], 0, 0)) * LINKS, LINKS, back=(h[1],)))
+            return out
         except x86.FormError:
             pass
     return out
+
+
+def load_chains(name: str, cat, chased: bool) -> list[Chain]:
+    """The address -> output chain of a load that no pointer chase measures (``chased``:
+    the form has one already)."""
+    if chased:
+        return []
+    c = _load_chain(name, cat, cat.spec(name))
+    return [c] if c is not None else []

@@ -21,10 +21,11 @@ Dependences through registers (full registers: writing EAX writes RAX; a vector 
 lanes are one), the flags (one unit), and memory: a load from the address expression of an
 earlier store is ready the store-forwarding round trip after the stored value (the chain
 ``store; reload`` measured per link: from the data's readiness to the reload's result).
-Address registers of a load feed its output through the load-use latency (the form's own
-where it has one, a vector load's included, else the 64-bit load's); a load-op form's
-operation (its latency measured with the memory operand off the chain) starts when both its
-registers and the loaded value are ready; a read-modify-write of memory stores its result the
+Address registers of a load feed its output through the form's own measured chain from
+address to output (a load-op form's operation included) where it has one; else through the
+64-bit load's load-use, after which a load-op form's operation (its latency measured with
+the memory operand off the chain) starts when both its registers and the loaded value are
+ready; a read-modify-write of memory stores its result the
 form's measured chain through memory after its load could have had the value forwarded (the
 chain of one address is the round trip of that latency). Zero idioms (``xor %eax, %eax``,
 ``vpxor %ymm1, %ymm1, %ymm1``...) read nothing.
@@ -138,7 +139,7 @@ def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, floa
             latency = 1.0
             # not measured: noted below when something reads what it writes
             missing.append((len(steps), form or ix.Formatter(ix.FormatterSyntax.GAS).format(ins)))
-        steps.append((srcs, dsts, addr, mem_r, mem_w, latency, loads.get(form, load_use)))
+        steps.append((srcs, dsts, addr, mem_r, mem_w, latency, loads.get(form)))
     flags_read = any("FLAGS" in st[0] for st in steps)
     # a form whose latency nobody waits for (a compare whose flags only the dropped branch
     # read, a store, a nop) needs none
@@ -154,13 +155,22 @@ def recurrence_bound(code: bytes, forms: tuple[str, ...], lat: Mapping[str, floa
     ends = []
     for _ in range(ITERATIONS):
         end = 0.0
-        for srcs, dsts, addr, mem_r, mem_w, latency, use in steps:
+        for srcs, dsts, addr, mem_r, mem_w, latency, own in steps:
             t = max((ready.get(r, 0.0) for r in srcs), default=0.0)
             t_addr = max((ready.get(r, 0.0) for r in addr), default=0.0)
-            if mem_r:
-                # the loaded value: its address, then the load; a value just stored at the same
-                # address comes through forwarding
-                t_load = t_addr + use
+            if mem_r and own is not None:
+                # the form's own chain from its address to its output (the operation of a
+                # load-op form included); a value just stored comes through forwarding, then
+                # the operation
+                t_val = t_addr + own
+                for key in mem_r:
+                    if where(key) in stored:
+                        t_val = max(t_val, stored[where(key)] + forwarding + latency)
+                finish = max(t_val, t + latency) if srcs else t_val
+            elif mem_r:
+                # the loaded value: its address, then the 64-bit load's load-use; a value just
+                # stored at the same address comes through forwarding
+                t_load = t_addr + load_use
                 for key in mem_r:
                     if where(key) in stored:
                         t_load = max(t_load, stored[where(key)] + forwarding)
