@@ -23,7 +23,8 @@ Pairs, for a form of the catalogue (instances built by the generator's own
   register) whose address register is its destination: a pointer chase, the fill of every
   mapped page being ``BLOCK_INIT`` itself;
 * ``store->load``: a 64-bit store followed by the reload of the same address, the round trip
-  through store-to-load forwarding;
+  through store-to-load forwarding (other stores of 64 bits or more: that reload and a move
+  back to the stored register's class close their chain);
 * pairs across register classes (``vmovq %xmm0, %rax``, compares into the flags or a mask
   register, a vector load's address into its data) and the address -> output of loads whose
   value is no address: a round trip closed by canonical moves (and ``and $0; add`` back to
@@ -123,20 +124,19 @@ def chains(name: str, cat) -> tuple[list[Chain], str]:
         regs = [dst if k == w else None for k in range(len(ops))]
         out.append(Chain(name, f"{ops[mem[0]].label}->{label(spec, w)} (load-use)",
                          repeated(spec, regs, x86.full_register(dst)), LINKS))
-    if name == "MOV_M64_R64":
-        store = x86.encode(x86.instantiate(spec, [None, "RAX"], 0, base="RBX"))
-        if "MOV_R64_M64" in cat.by_name:
-            load = x86.encode(x86.instantiate(cat.spec("MOV_R64_M64"), ["RAX", None], 0,
-                                              base="RBX"))
-            out.append(Chain(name, "store->load (forwarding round trip with MOV_R64_M64)",
-                             (store + load) * LINKS, LINKS))
+    if name == roundtrip.STORE:
+        forwarding = roundtrip.forwarding_chain(cat)
+        if forwarding is not None:
+            out.append(forwarding)
     out += roundtrip.cross_chains(name, cat)
     out += roundtrip.load_chains(name, cat, any("load-use" in c.pair for c in out))
+    out += roundtrip.store_chains(name, cat)
     if out:
         return out, ""
     if mem and ops[mem[0]].access == "w":
-        return [], "a store: its latency shows only as store-to-load forwarding (measured " \
-                   "for MOV_M64_R64)"
+        return [], "a store of an immediate, of fewer than 64 bits or of more than one " \
+                   "register: its latency shows only in store-to-load forwarding (measured for " \
+                   "MOV_M64_R64)"
     return [], "no input -> output pair: nothing read and written, across register " \
                "classes or through memory"
 
@@ -162,10 +162,8 @@ def latency_rows(measurer, cat, names: Iterable[str], stage: str = "latency") ->
     texts = list(dict.fromkeys(c.text for c in todo + extra))
     measured = measurer.measure(texts, stage=stage) if todo else {}
     errors = measurer.errors([t for t in texts if t not in measured])
-    share = {c.form: float(measured[c.text]) / c.links / 2 for c in todo + extra
-             if c.split and c.text in measured}
-    share |= {b: float(measured[c.text]) / c.links for b, c in own.items()
-              if c is not None and not c.split and c.text in measured}
+    share = {b: float(measured[c.text]) / c.links / (2 if c.split else 1)
+             for b, c in own.items() if c is not None and c.text in measured}
     for c in todo:
         cyc = measured.get(c.text)
         trip = float(cyc) / c.links if cyc is not None else float("nan")

@@ -34,7 +34,8 @@ from cpumap.measure.chainregs import (
     reg_index,
 )
 
-__all__ = ["HUBS", "REBASE", "VECTOR_LOADS", "cross_chains", "hub", "own_chain"]
+__all__ = ["FORWARDED", "HUBS", "REBASE", "STORE", "VECTOR_LOADS", "cross_chains",
+           "forwarding_chain", "hub", "load_chains", "own_chain", "store_chains"]
 
 #: Per class, the candidates (first ok one wins) for its canonical pair of moves:
 #: (from a general-purpose register into the class, from the class into one).
@@ -58,6 +59,10 @@ VECTOR_LOADS = {
 #: idiom: it waits for its input) then ``add`` of a register that holds the sandbox address
 #: (BLOCK_INIT); their shares are their own chains' latencies.
 REBASE = ("AND_R64_I8", "ADD_R64_R64")
+#: The canonical store and reload of the store-forwarding round trip; a store's chain is
+#: closed by the reload (FORWARDED: half that round trip) and a move back to its register.
+STORE, RELOAD = "MOV_M64_R64", "MOV_R64_M64"
+FORWARDED = f"{RELOAD} forwarded"
 _FLAGS = -1  # the pseudo-operand index of the flags
 
 
@@ -140,9 +145,24 @@ def _index(spec: x86.FormSpec, regs: list, k: int) -> int:
     return reg_index(regs[k], op.cls, op.width)
 
 
+def forwarding_chain(cat) -> Chain | None:
+    """``mov %rax, (%rbx); mov (%rbx), %rax``: the store-to-load forwarding round trip (the
+    loop predictor's figure for a reload of what an iteration stored)."""
+    if not all(f in cat.by_name and cat.ok(f) for f in (STORE, RELOAD)):
+        return None
+    store = x86.encode(x86.instantiate(cat.spec(STORE), [None, "RAX"], 0, base="RBX"))
+    load = x86.encode(x86.instantiate(cat.spec(RELOAD), ["RAX", None], 0, base="RBX"))
+    return Chain(STORE, f"store->load (forwarding round trip with {RELOAD})",
+                 (store + load) * LINKS, LINKS)
+
+
 def own_chain(form: str, cat) -> Chain | None:
     """The chain that gives a back move its share: a hub move's canonical round trip (half
-    each), or a form's chain through its own register (REBASE)."""
+    each), the forwarding round trip (half for the reload), or a form's chain through its own
+    register (REBASE)."""
+    if form == FORWARDED:
+        c = forwarding_chain(cat)
+        return None if c is None else Chain(c.form, c.pair, c.code, c.links, split=True)
     for c in cross_chains(form, cat):
         if c.split:
             return c
@@ -258,3 +278,41 @@ def load_chains(name: str, cat, chased: bool) -> list[Chain]:
         return []
     c = _load_chain(name, cat, cat.spec(name))
     return [c] if c is not None else []
+
+
+def store_chains(name: str, cat) -> list[Chain]:
+    """A store of one register, 64 bits or more, other than the canonical one: its register
+    into memory, closed by the forwarded reload of the address and a move back to the stored
+    register's class (``vmovupd %ymm0, (%rbx); mov (%rbx), %rax; vmovq %rax, %xmm0``)."""
+    spec = cat.spec(name)
+    ops = spec.operands
+    mem = [k for k, o in enumerate(ops) if o.kind == "mem"]
+    srcs = [k for k, o in enumerate(ops) if o.kind == "reg"]
+    if name == STORE or len(mem) != 1 or ops[mem[0]].access != "w" or ops[mem[0]].width < 64 \
+            or len(srcs) != 1 or "r" not in ops[srcs[0]].access or spec.implicit \
+            or not all(f in cat.by_name and cat.ok(f) for f in (STORE, RELOAD)):
+        return []
+    src, cls = srcs[0], ops[srcs[0]].cls
+    regs = build_regs(spec, {src})
+    if regs is None:
+        return []
+    banned = banned_registers(spec) | {x86.full_register(x) for x in regs if x} | {"RBX"}
+    free = free_indices("GPR", banned, True)
+    index = reg_index(regs[src], cls, ops[src].width)
+    g = index if cls == "GPR" else (free[0] if free else None)
+    if g is None:
+        return []
+    try:
+        link = x86.encode(x86.instantiate(spec, regs, 0, base="RBX"))
+        reload = x86.encode(x86.instantiate(cat.spec(RELOAD),
+                                            [x86.reg_name("GPR", 64, g), None], 0, base="RBX"))
+        back = [] if cls == "GPR" else _back(cat, "GPR", g, cls, index, g)
+    except x86.FormError:
+        return []
+    if back is None:
+        return []
+    forms = (FORWARDED, *(f for f, _ in back))
+    return [Chain(name, f"{label(spec, src)}->{ops[mem[0]].label} (store, round trip with "
+                        f"{'+'.join(forms)})",
+                  (link + reload + b"".join(code for _, code in back)) * LINKS, LINKS,
+                  back=forms)]
