@@ -68,6 +68,7 @@ rule suite_cycles:
         cpu=config["suite"]["cpu"],
         min_ticks=config["suite"]["min_sample_ticks"],
         processes=config["suite"]["processes"],
+        max_processes=config["suite"]["max_processes"],
     threads: 1
     resources:
         # whole-kernel cycles are a measurement: one at a time (profiles/default)

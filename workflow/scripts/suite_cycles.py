@@ -16,12 +16,14 @@ from cpumap.store.files import write_json_atomic
 bench = snakemake.wildcards.bench
 rec = cycles_record(bench, snakemake.input.binary, snakemake.params.user,
                     dict(snakemake.params.n), int(snakemake.params.reps), snakemake.params.cpu,
-                    int(snakemake.params.min_ticks), int(snakemake.params.processes))
+                    int(snakemake.params.min_ticks), int(snakemake.params.processes),
+                    int(snakemake.params.max_processes))
 write_json_atomic(rec, snakemake.output.cycles)
 if rec["available"]:
     print(f"{bench}: min {rec['cycles_min']:.0f} cycles over {rec['reps']} calls in each of "
           f"{rec['processes']} processes (process minima "
-          f"{', '.join(f'{c:.0f}' for c in rec['process_cycles_min'])}; clock {rec['clock']}, "
-          f"n {rec['n']})")
+          f"{', '.join(f'{c:.0f}' for c in rec['process_cycles_min'])}"
+          f"{'' if rec['settled'] else ', the two fastest never agreed within 1 %: unsettled'}; "
+          f"clock {rec['clock']}, n {rec['n']})")
 else:
     print(f"{bench}: {rec['reason']}")
