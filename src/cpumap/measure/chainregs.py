@@ -46,6 +46,19 @@ def banned_registers(spec: x86.FormSpec) -> set[str]:
     return banned
 
 
+def implicit_rw(spec: x86.FormSpec) -> set[str]:
+    """Implicit registers the form both reads and writes (MUL's RAX): a chain of their own
+    runs through every instance."""
+    reads = {r for r, a in spec.implicit if "r" in a}
+    writes = {r for r, a in spec.implicit if "w" in a}
+    return reads & writes
+
+
+def in_use(regs: list) -> set[str]:
+    """The full registers a ``build_regs`` assignment names."""
+    return {x86.full_register(x) for x in regs if x}
+
+
 def free_indices(cls: str, banned: set[str], evex: bool) -> list[int]:
     """Allocator indices of the registers of ``cls`` a chain may use."""
     return [i for i in range(x86.class_size(cls, evex))

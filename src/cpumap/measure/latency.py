@@ -41,7 +41,15 @@ from collections.abc import Iterable
 
 from cpumap.isa import x86
 from cpumap.measure import roundtrip
-from cpumap.measure.chainregs import LINKS, Chain, build_regs, label, repeated, swapped
+from cpumap.measure.chainregs import (
+    LINKS,
+    Chain,
+    build_regs,
+    implicit_rw,
+    label,
+    repeated,
+    swapped,
+)
 
 __all__ = ["LINKS", "MEMORY_FORMS", "Chain", "chains", "latency_rows"]
 
@@ -88,15 +96,12 @@ def chains(name: str, cat) -> tuple[list[Chain], str]:
             except x86.FormError:
                 continue
     # registers read and written that the encoding fixes (MUL's RAX, ADD_RAX_I32's RAX)
-    implicit_rw = sorted({r for r, a in spec.implicit if "r" in a and "w" in a}
-                         | ({r for r, a in spec.implicit if a == "r"}
-                            & {r for r, a in spec.implicit if a == "w"})
-                         | {x86.full_register(o.cls) for o in ops
-                            if o.kind == "fixed" and o.access == "rw"})
-    if not out and implicit_rw:
+    own_rw = sorted(implicit_rw(spec) | {x86.full_register(o.cls) for o in ops
+                                         if o.kind == "fixed" and o.access == "rw"})
+    if not out and own_rw:
         regs = build_regs(spec, set())
         if regs is not None:
-            out.append(Chain(name, f"implicit {'/'.join(implicit_rw)}",
+            out.append(Chain(name, f"implicit {'/'.join(own_rw)}",
                              repeated(spec, regs, base), LINKS))
     if not out and spec.reads_flags and spec.writes_flags and not mem:
         regs = build_regs(spec, set())

@@ -30,6 +30,8 @@ from cpumap.measure.chainregs import (
     banned_registers,
     build_regs,
     free_indices,
+    implicit_rw,
+    in_use,
     label,
     reg_index,
 )
@@ -66,10 +68,15 @@ FORWARDED = f"{RELOAD} forwarded"
 _FLAGS = -1  # the pseudo-operand index of the flags
 
 
+def _have(cat, *forms: str) -> bool:
+    """Every one of ``forms`` is an ok form of the catalogue."""
+    return all(f in cat.by_name and cat.ok(f) for f in forms)
+
+
 def hub(cat, cls: str) -> tuple[str, str] | None:
     """The canonical (into, out of) moves of ``cls`` this catalogue has, or None."""
     for into, out in HUBS.get(cls, ()):
-        if all(f in cat.by_name and cat.ok(f) for f in (into, out)):
+        if _have(cat, into, out):
             return into, out
     return None
 
@@ -113,9 +120,7 @@ def _pairs(spec: x86.FormSpec) -> list[tuple[int, int]]:
     of memory or of an implicit register (MUL's RAX) has none: its own chain would run beside
     the one measured."""
     ops = spec.operands
-    implicit_rw = any("r" in a and "w" in a for _r, a in spec.implicit) or (
-        {r for r, a in spec.implicit if a == "r"} & {r for r, a in spec.implicit if a == "w"})
-    if implicit_rw or any(o.kind == "mem" and o.access == "rw" for o in ops):
+    if implicit_rw(spec) or any(o.kind == "mem" and o.access == "rw" for o in ops):
         return []
     reads = [k for k, o in enumerate(ops) if o.kind == "reg" and "r" in o.access]
     writes = [k for k, o in enumerate(ops) if o.kind == "reg" and "w" in o.access]
@@ -148,7 +153,7 @@ def _index(spec: x86.FormSpec, regs: list, k: int) -> int:
 def forwarding_chain(cat) -> Chain | None:
     """``mov %rax, (%rbx); mov (%rbx), %rax``: the store-to-load forwarding round trip (the
     loop predictor's figure for a reload of what an iteration stored)."""
-    if not all(f in cat.by_name and cat.ok(f) for f in (STORE, RELOAD)):
+    if not _have(cat, STORE, RELOAD):
         return None
     store = x86.encode(x86.instantiate(cat.spec(STORE), [None, "RAX"], 0, base="RBX"))
     load = x86.encode(x86.instantiate(cat.spec(RELOAD), ["RAX", None], 0, base="RBX"))
@@ -181,8 +186,7 @@ def _load_chain(name: str, cat, spec: x86.FormSpec) -> Chain | None:
     ops = spec.operands
     mem = [k for k, o in enumerate(ops) if o.kind == "mem" and o.access == "r"]
     writes = [k for k, o in enumerate(ops) if o.kind == "reg" and "w" in o.access]
-    if len(mem) != 1 or len(writes) > 1 or spec.implicit \
-            or not all(f in cat.by_name and cat.ok(f) for f in REBASE):
+    if len(mem) != 1 or len(writes) > 1 or spec.implicit or not _have(cat, *REBASE):
         return None
     w = writes[0] if writes else (_FLAGS if spec.writes_flags else None)
     if w is None:
@@ -190,8 +194,7 @@ def _load_chain(name: str, cat, spec: x86.FormSpec) -> Chain | None:
     regs = build_regs(spec, {w} if w != _FLAGS else set())
     if regs is None:
         return None
-    banned = banned_registers(spec) | {x86.full_register(x) for x in regs if x}
-    free = free_indices("GPR", banned, True)
+    free = free_indices("GPR", banned_registers(spec) | in_use(regs), True)
     cls = _cls(spec, w)
     # the address register: the output itself when it is a general-purpose register
     addr = _index(spec, regs, w) if cls == "GPR" else (free.pop(0) if free else None)
@@ -226,13 +229,17 @@ def cross_chains(name: str, cat) -> list[Chain]:
     banned = banned_registers(spec)
     base = "RBX" if "RBX" not in banned else "RSI"
     gprs = free_indices("GPR", banned | {base}, True)
+    # a hub move closed by its partner is its class's canonical round trip
+    canonical = {pair for c in HUBS if (h := hub(cat, c)) for pair in (h, h[::-1])}
     out: list[Chain] = []
     for r, w in _pairs(spec):
         chain_ops = {k for k in (r, w) if k != _FLAGS}
         regs = build_regs(spec, chain_ops)
-        if regs is None or base in {x86.full_register(x) for x in regs if x}:
+        if regs is None:
             continue
-        used = {x86.full_register(x) for x in regs if x}
+        used = in_use(regs)
+        if base in used:
+            continue
         spare = [i for i in gprs if x86.reg_name("GPR", 64, i) not in used]
         if not spare:
             continue
@@ -245,9 +252,7 @@ def cross_chains(name: str, cat) -> list[Chain]:
         except x86.FormError:
             continue
         forms = tuple(f for f, _ in back)
-        into_out = {hub(cat, c) for c in ("VEC", "K", "MMX", "FLAGS")} - {None}
-        split = len(forms) == 1 and ((name, forms[0]) in into_out
-                                     or (forms[0], name) in into_out)
+        split = len(forms) == 1 and (name, forms[0]) in canonical
         side = {r: "flags" if r == _FLAGS else label(spec, r),
                 w: "flags" if w == _FLAGS else label(spec, w)}
         out.append(Chain(name, f"{side[r]}->{side[w]} (round trip with {'+'.join(forms)})",
@@ -262,12 +267,11 @@ def cross_chains(name: str, cat) -> list[Chain]:
         regs = [x86.reg_name("VEC", ops[0].width, 0), None]
         try:
             link = x86.encode(x86.instantiate(spec, regs, 0, base="RAX"))
-            out.append(Chain(name, f"{ops[1].label}->{label(spec, 0)} (load-use, round trip "
-                                   f"with {h[1]})",
-                             (link + _step(cat, h[1], 0, 0)) * LINKS, LINKS, back=(h[1],)))
-            return out
         except x86.FormError:
-            pass
+            return out
+        out.append(Chain(name, f"{ops[1].label}->{label(spec, 0)} (load-use, round trip "
+                               f"with {h[1]})",
+                         (link + _step(cat, h[1], 0, 0)) * LINKS, LINKS, back=(h[1],)))
     return out
 
 
@@ -290,14 +294,13 @@ def store_chains(name: str, cat) -> list[Chain]:
     srcs = [k for k, o in enumerate(ops) if o.kind == "reg"]
     if name == STORE or len(mem) != 1 or ops[mem[0]].access != "w" or ops[mem[0]].width < 64 \
             or len(srcs) != 1 or "r" not in ops[srcs[0]].access or spec.implicit \
-            or not all(f in cat.by_name and cat.ok(f) for f in (STORE, RELOAD)):
+            or not _have(cat, STORE, RELOAD):
         return []
     src, cls = srcs[0], ops[srcs[0]].cls
     regs = build_regs(spec, {src})
     if regs is None:
         return []
-    banned = banned_registers(spec) | {x86.full_register(x) for x in regs if x} | {"RBX"}
-    free = free_indices("GPR", banned, True)
+    free = free_indices("GPR", banned_registers(spec) | in_use(regs) | {"RBX"}, True)
     index = reg_index(regs[src], cls, ops[src].width)
     g = index if cls == "GPR" else (free[0] if free else None)
     if g is None:
