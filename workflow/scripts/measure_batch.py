@@ -12,6 +12,7 @@ from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
+from cpumap.measure import quiet
 from cpumap.measure.asmgen import canonical, kernel_id, parse_canonical
 from cpumap.measure.backend import batch_rows, measurement_key
 from cpumap.measure.batch import Prepared
@@ -70,6 +71,7 @@ rows = batch_rows(
     skip=skip,
     progress=lambda message: print(message, flush=True),
     prepared=prepared,
+    reference=quiet.reference_path(Path(snakemake.output.part).parent),
 )
 part = db.append(Path(snakemake.output.part).parent, rows, snakemake.params.batch_id)
 if part.resolve() != Path(snakemake.output.part).resolve():

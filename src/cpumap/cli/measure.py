@@ -16,12 +16,15 @@ if TYPE_CHECKING:
 
 
 def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
-              recent: pd.DataFrame | None = None) -> dict:
+              recent: pd.DataFrame | None = None,
+              reference: dict[str, float] | None = None) -> dict:
     """The JSON of ``cpumap measure``; ``recent``: other rows of this machine measured lately,
-    whose calibration samples join the batch's (cpumap.measure.estimate.batch_ratios)."""
+    whose calibration samples join the batch's (cpumap.measure.estimate.batch_ratios);
+    ``reference``: the machine's monitor reference, against which the rounds are judged
+    quiet (cpumap.measure.quiet)."""
     import pandas as pd
 
-    from cpumap.measure import asmgen, estimate
+    from cpumap.measure import asmgen, estimate, quiet
 
     ok = rows[(rows.status == "ok") & (rows.role != "monitor")]
     if ok.empty:
@@ -31,6 +34,9 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
     agg = estimate.aggregate(ok, ratios=estimate.batch_ratios(pool)).iloc[0]
     cyc = float(agg["cycles_per_instance_est"])
     mon = estimate.monitor_table(rows)
+    mon = mon[mon.kernel == quiet.MONITOR_KERNELS[0]]
+    per_round = quiet.round_estimates(rows)
+    calm, worst = quiet.quiet_rounds(per_round, reference)
     return {
         "kernel": asmgen.canonical(kernel), "kernel_id": str(agg["kernel_id"]),
         "forms": sorted(kernel), "n_insns": int(agg["n_insns"]),
@@ -44,6 +50,9 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
         "calib_ratio": float(agg["calib_ratio"]), "machine_id": str(ok.machine_id.iloc[0]),
         "params_id": str(ok.params_id.iloc[0]), "cached": cached,
         "host_noise": float(mon.noise.iloc[-1]) if len(mon) else None,
+        "rounds": int(rows["round"].nunique()) if "round" in rows else None,
+        "quiet_rounds": len(calm) if len(per_round) else None,
+        "monitors_slowest_round": worst or None,
     }
 
 
@@ -67,7 +76,7 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
         from cpumap.cli.latency import cmd_latency
 
         return cmd_latency(args, ctx)
-    from cpumap.measure import asmgen, batch, harness
+    from cpumap.measure import asmgen, batch, harness, quiet
     from cpumap.measure.settings import BenchSettings
     from cpumap.store import db
 
@@ -98,10 +107,12 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
         batch_id = f"cli-{stamp}-{os.getpid()}-{kid[:8]}"
         rows = batch.measure_batch(
             [canon], cat.df, ctx.desc, bench, ctx.root / "work" / "cli", ctx.harness_bin(),
-            batch_id, progress=say if args.verbose else None)
+            batch_id, progress=say if args.verbose else None,
+            reference=quiet.reference_path(db_dir))
         if not args.no_db:
             db.append(db_dir, rows, batch_id)
-    out = summarize(rows, kernel, cached, _recent(db_dir, ctx.desc["machine_id"]))
+    out = summarize(rows, kernel, cached, _recent(db_dir, ctx.desc["machine_id"]),
+                    quiet.load_reference(quiet.reference_path(db_dir)))
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -110,6 +121,9 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
               f"(± {100 * out['uncertainty']:.2f} %{flag}), IPC {out['ipc']:.3f}, "
               f"{out['repetitions']} repetitions, median repetition {out['cycles_median']:.4f}, "
               f"clock {out['clock']}{' (cached)' if cached else ''}")
+    if out["quiet_rounds"] == 0:
+        say(f"warning: no round of this measurement ran on a quiet host (monitors' slowest "
+            f"rounds: {out['monitors_slowest_round']}); the value may be slow: measure again")
     return 0
 
 

@@ -99,10 +99,12 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                harness_bin: Path | None = None,
                sim: Simulator | None = None, skip: set[str] | frozenset[str] = frozenset(),
                progress: Callable[[str], None] | None = None,
-               prepared: batch.Prepared | None = None) -> pd.DataFrame:
+               prepared: batch.Prepared | None = None,
+               reference: Path | None = None) -> pd.DataFrame:
     """DB rows of one batch from either backend; kernels whose id is in ``skip`` (already in
     the database) produce no rows. The one place that decides simulated versus native.
-    ``prepared``: the batch already generated and compiled (rule compile_batch)."""
+    ``prepared``: the batch already generated and compiled (rule compile_batch);
+    ``reference``: the machine's monitor reference (cpumap.measure.quiet)."""
     bench = bench_settings(bench)
     blocks = [k for k in kernels if blockgen.is_block(k)]
     if blocks and len(blocks) < len(kernels):
@@ -123,9 +125,9 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                                         Path(workdir) / f"{batch_id}.so", progress)
     if prepared is not None:
         return batch.measure_prepared(prepared, machine, bench, harness_bin, batch_id,
-                                      progress=progress, skip=skip)
+                                      progress=progress, skip=skip, reference=reference)
     return batch.measure_batch(kernels, forms, machine, bench, workdir, harness_bin,
-                                  batch_id, progress=progress, skip=skip)
+                               batch_id, progress=progress, skip=skip, reference=reference)
 
 
 #: The columns the calibration of a batch needs (estimate.batch_ratios), read in a first pass.

@@ -22,15 +22,16 @@ import pandas as pd
 
 from cpumap.isa.catalogue import host_flags
 from cpumap.isa.x86 import FormSpec
-from cpumap.measure import asmgen, blockgen, estimate, harness
+from cpumap.measure import asmgen, blockgen, estimate, harness, quiet
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
-#: The noise monitor: measured first in every batch, so that the report can show how quiet the
-#: host was over a run. Integer adds on all four ALUs are what a neighbour on the same core
-#: slows down most (docs/measurement.md); its estimate should stay at 0.25 cycles on Zen 3/4
-#: while its median repetition shows the neighbour.
-MONITOR_KERNEL = "ADD_R64_R64"
+#: The noise monitor the report shows: measured first in every batch, so that the report can
+#: show how quiet the host was over a run. Integer adds on all four ALUs are what a neighbour
+#: on the same core slows down most (docs/measurement.md); its estimate should stay at 0.25
+#: cycles on Zen 3/4 while its median repetition shows the neighbour. The load monitor after
+#: it (quiet.MONITOR_KERNELS) shows what the adds cannot: a neighbour on the load pipes.
+MONITOR_KERNEL = quiet.MONITOR_KERNELS[0]
 
 
 def _specs(forms: pd.DataFrame, names) -> dict[str, FormSpec]:
@@ -61,15 +62,16 @@ def _failed_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insn
 class Prepared:
     """A generated and compiled batch: the shared object and what each of its kernels is.
 
-    ``kernels`` are the canonical texts of the kernels in the .so, in order (the monitor first
-    when ``monitor``); ``unmeasurable`` maps a kernel that cannot be generated here to the
-    reason. Stored beside the .so as JSON, so that one job can compile and another measure.
+    ``kernels`` are the canonical texts of the kernels in the .so, in order (the first
+    ``monitor`` of them are the monitors); ``unmeasurable`` maps a kernel that cannot be
+    generated here to the reason. Stored beside the .so as JSON, so that one job can compile
+    and another measure.
     """
 
     so: str
     kernels: list[str]
     metas: list[dict]
-    monitor: bool
+    monitor: int
     unmeasurable: dict[str, str]
     #: pages the harness maps on demand per kernel (blocks measured as written), 0: none
     map_pages: int = 0
@@ -108,11 +110,12 @@ def prepare_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
             unmeasurable[asmgen.canonical(k)] = err
         else:
             good.append(k)
-    monitor = bench.monitor and MONITOR_KERNEL in ok_forms and bool(good)
-    if monitor:
-        # the noise reference goes first: how quiet the host was while this batch ran
-        specs |= _specs(forms, [MONITOR_KERNEL])
-        good.insert(0, {MONITOR_KERNEL: 1})
+    monitors = [k for k in quiet.MONITOR_KERNELS if k in ok_forms] \
+        if bench.monitor and good else []
+    if monitors:
+        # the noise references go first: how quiet the host was while this batch ran
+        specs |= _specs(forms, monitors)
+        good[:0] = [{k: 1} for k in monitors]
     t0 = time.monotonic()
     # an empty batch too (every kernel already in the database, or none measurable): the
     # shared object is a rule's output, and the harness runs a batch of no kernels
@@ -121,7 +124,7 @@ def prepare_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
     say(f"{Path(so).stem}: generated and compiled {len(good)} kernels in "
         f"{time.monotonic() - t0:.1f} s")
     return Prepared(str(so), [asmgen.canonical(k) for k in good],
-                    [dataclasses.asdict(m) for m in metas], monitor, unmeasurable)
+                    [dataclasses.asdict(m) for m in metas], len(monitors), unmeasurable)
 
 
 def prepare_blocks(codes: list[bytes], catalogue, machine: dict, bench: BenchSettings | Mapping,
@@ -141,18 +144,20 @@ def prepare_blocks(codes: list[bytes], catalogue, machine: dict, bench: BenchSet
         say(f"{Path(so).stem}: generated and compiled {len(good)} blocks in "
             f"{time.monotonic() - t0:.1f} s")
     return Prepared(str(so), [b.text for b in good], [dataclasses.asdict(m) for m in metas],
-                    False, {b.text: b.error for b in blocks if b.error}, blockgen.MAP_PAGES)
+                    0, {b.text: b.error for b in blocks if b.error}, blockgen.MAP_PAGES)
 
 
 def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mapping,
                      harness_bin: Path, batch_id: str,
                      progress: Callable[[str], None] | None = None,
-                     skip: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+                     skip: set[str] | frozenset[str] = frozenset(),
+                     reference: Path | None = None) -> pd.DataFrame:
     """Measure a prepared batch in rounds; return its DB rows.
 
     A kernel that cannot be generated or that fails in the harness gets a ``failed`` row with
     the reason; the rest of the batch is measured normally. Kernels whose id is in ``skip``
-    (already in the database) are not run and produce no rows.
+    (already in the database) are not run and produce no rows. ``reference``: the machine's
+    monitor reference (cpumap.measure.quiet), read to judge the rounds and updated after.
     """
     say = progress or (lambda _m: None)
     bench = bench_settings(bench)
@@ -166,21 +171,24 @@ def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mappi
                 sum(asmgen.parse_canonical(canon).values())
             rows.append(_failed_row(machine_id, batch_id, params, canon, n, err, now))
     metas = prep.kernel_metas()
-    skipped = [m.index for m in metas if m.kernel_id in skip
-               and not (prep.monitor and m.index == 0)]
+    n_mon = int(prep.monitor)
+    skipped = [m.index for m in metas if m.kernel_id in skip and m.index >= n_mon]
     if skipped:
         say(f"{batch_id}: {len(skipped)} of {len(metas)} kernels already in the database, "
             "not measured again")
     todo = [m.index for m in metas if m.index not in set(skipped)]
-    if todo == [0] and prep.monitor:
-        todo = []  # nothing left to measure but the monitor
+    if all(i < n_mon for i in todo):
+        todo = []  # nothing left to measure but the monitors
     if todo:
         say(f"{batch_id}: measuring {len(todo)} kernels in {bench.rounds} rounds (more, up "
             f"to {bench.max_rounds}, for unsettled ones)")
         results = _rounds(Path(prep.so), len(metas), todo, metas, bench, harness_bin,
-                          batch_id, prep.monitor, say, prep.map_pages)
-        rows += rows_from_rounds(results, metas, machine_id, batch_id, params, now,
-                                 monitor_index=0 if prep.monitor else None)
+                          batch_id, n_mon, say, prep.map_pages,
+                          quiet.load_reference(reference))
+        done = rows_from_rounds(results, metas, machine_id, batch_id, params, now, n_mon)
+        if n_mon:
+            quiet.update_reference(reference, pd.DataFrame(done), bench.stable_tol)
+        rows += done
     df = pd.DataFrame(rows)
     return db.conform(df) if len(df) else db.empty_frame()
 
@@ -188,7 +196,8 @@ def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mappi
 def measure_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
                   bench: BenchSettings | Mapping, workdir: Path, harness_bin: Path,
                   batch_id: str, progress: Callable[[str], None] | None = None,
-                  skip: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+                  skip: set[str] | frozenset[str] = frozenset(),
+                  reference: Path | None = None) -> pd.DataFrame:
     """Generate, compile and measure kernels (canonical texts) as one batch; return DB rows
     (:func:`prepare_batch`, then :func:`measure_prepared`). Kernels whose id is in ``skip``
     (already in the database) are not generated and produce no rows."""
@@ -199,17 +208,26 @@ def measure_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
                  "in the database, not measured again")
     prep = prepare_batch(todo, forms, machine, bench, Path(workdir) / f"{batch_id}.so",
                          progress)
-    return measure_prepared(prep, machine, bench, harness_bin, batch_id, progress)
+    return measure_prepared(prep, machine, bench, harness_bin, batch_id, progress,
+                            reference=reference)
 
 
 def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.KernelMeta],
-            bench: BenchSettings, harness_bin: Path, batch_id: str, monitor: bool,
-            say: Callable[[str], None], map_pages: int = 0) -> list[harness.BatchResult]:
+            bench: BenchSettings, harness_bin: Path, batch_id: str, n_mon: int,
+            say: Callable[[str], None], map_pages: int = 0,
+            reference: dict[str, float] | None = None) -> list[harness.BatchResult]:
     """The harness's passes over the batch: ``bench.rounds``, then more (up to
     ``bench.max_rounds``) for the kernels still unsettled, each pass at least
-    ``bench.round_gap_ms`` after the previous one started."""
+    ``bench.round_gap_ms`` after the previous one started. While no round was quiet (the
+    monitors against ``reference``, cpumap.measure.quiet) the whole batch is measured again,
+    the gap doubled each time (up to :data:`MAX_GAP_S`): a neighbour on the load pipes holds
+    for whole seconds. Only rounds short enough for the monitors to speak for the whole round
+    are judged (quiet.JUDGED_ROUND_S). The monitors (the first ``n_mon`` kernels) run in
+    every round."""
     t_run = time.monotonic()
     rounds = max(1, bench.rounds)
+    everything = list(todo)
+    gap = bench.round_gap_ms / 1000
     # progress: kernel runs finished in earlier rounds, and planned in all
     runs = {"before": 0, "total": len(todo) * rounds, "last": t_run}
 
@@ -226,49 +244,76 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     started: list[float] = []
     while True:
         if started:  # rounds apart in time: bursts of interference last seconds
-            time.sleep(max(0.0, started[-1] + bench.round_gap_ms / 1000 - time.monotonic()))
+            time.sleep(max(0.0, started[-1] + gap - time.monotonic()))
         started.append(time.monotonic())
         results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
                                          progress=tick, indices=todo, map_pages=map_pages,
                                          map_fill=blockgen.BLOCK_INIT,
                                          **bench.harness_args()))
         runs["before"] += len(todo)
+        span = time.monotonic() - started[-1]
         if len(results) < rounds:
             continue
         if len(results) >= max(rounds, bench.max_rounds):
             break
-        # more rounds for the kernels whose best value no other round has matched yet
-        todo = _unsettled(results, metas, bench, monitor)
-        if not todo:
+        # the monitors speak for the kernels measured near them in time: a round much
+        # longer than a neighbour's spell (a whole singleton batch, seconds) is not judged
+        todo, slow = _unsettled(results, metas, bench, n_mon, reference,
+                                judge=span <= quiet.JUDGED_ROUND_S)
+        if slow:
+            todo, gap = everything, min(2 * gap, MAX_GAP_S)
+            say(f"{batch_id}: no quiet round yet ({slow}): round {len(results) + 1} for all "
+                f"{len(todo)} kernels, {gap:.1f} s after the last")
+        elif not todo:
             break
+        else:
+            say(f"{batch_id}: round {len(results) + 1} for {len(todo)} unsettled kernel(s)")
         runs["total"] = runs["before"] + len(todo)
-        say(f"{batch_id}: round {len(results) + 1} for {len(todo)} unsettled kernel(s)")
     return results
 
 
-def _unsettled(results: list, metas: list, bench: BenchSettings, monitor: bool) -> list[int]:
-    """Indices of the kernels whose estimate over the rounds so far is unstable, and of the
-    first kernel (the monitor) when the core clock is: the fastest calibration chains of the
-    best round not matched by another round (a neighbour slows the add chain too)."""
+#: The longest wait between two rounds while none was quiet.
+MAX_GAP_S = 2.0
+
+
+def _unsettled(results: list, metas: list, bench: BenchSettings, n_mon: int,
+               reference: dict[str, float] | None = None,
+               judge: bool = True) -> tuple[list[int], str]:
+    """What the next round measures, and why the whole batch must be measured again ("" when
+    a round was quiet, else which monitor was how slow in every round).
+
+    The next round: the kernels whose estimate over the rounds so far is unstable, with the
+    monitors; the monitors alone when only the core clock is unsettled (the fastest
+    calibration chains of the best round not matched by another round: a neighbour slows the
+    add chain too); nothing when everything settled."""
     df = pd.DataFrame(rows_from_rounds(results, metas, "m", "b", {}, pd.Timestamp(0, tz="UTC"),
-                                       monitor_index=0 if monitor else None))
+                                       n_mon))
     if df.empty or "rep" not in df:
-        return []
+        return [], ""
     ok = df[df.status == "ok"]
-    agg = estimate.aggregate(ok, bench.stable_tol)
+    ratios = estimate.batch_ratios(ok)
+    if n_mon and judge:
+        per_round = quiet.round_estimates(ok, ratios)
+        calm, worst = quiet.quiet_rounds(per_round, reference)
+        if not calm and len(per_round):
+            return [], ", ".join(f"{k} {100 * v:+.1f} %" for k, v in worst.items()
+                                 if v > quiet.QUIET_TOL)
+    agg = estimate.aggregate(ok, bench.stable_tol, ratios)
     bad = set(agg.kernel[agg.unstable])
-    todo = [m.index for m in metas if m.kernel in bad and not (monitor and m.index == 0)]
+    todo = [m.index for m in metas if m.kernel in bad and m.index >= n_mon]
     cal = ok.dropna(subset=["cal1", "cal2"]) if "cal1" in ok else ok.iloc[:0]
-    per_round = sorted((estimate.calib_ratio(g.cal1.to_numpy(), g.cal2.to_numpy(),
-                                             float(g.cal_adds.iat[0]))
-                        for _, g in cal.groupby("round")), reverse=True)
-    if len(per_round) >= 2 and per_round[0] / per_round[1] - 1 > bench.stable_tol / 2:
-        todo = sorted({metas[0].index, *todo})
-    return todo
+    clock = sorted((estimate.calib_ratio(g.cal1.to_numpy(), g.cal2.to_numpy(),
+                                         float(g.cal_adds.iat[0]))
+                    for _, g in cal.groupby("round")), reverse=True)
+    if todo:
+        return [*range(n_mon), *todo], ""
+    if len(clock) >= 2 and clock[0] / clock[1] - 1 > bench.stable_tol / 2:
+        return list(range(n_mon)) or [metas[0].index], ""
+    return [], ""
 
 
 def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
-                     monitor_index: int | None = None) -> list[dict]:
+                     n_mon: int = 0) -> list[dict]:
     """DB rows of all rounds: a kernel that failed in any round gets one failed row only."""
     failed: dict[int, str] = {}
     for res in results:
@@ -283,23 +328,24 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
             r["rep"] = reps_done.get(i, 0)
             reps_done[i] = r["rep"] + 1
         rows += rows_from_result(dataclasses.replace(res, rows=kept), metas, machine_id,
-                                 batch_id, params, now, monitor_index)
+                                 batch_id, params, now, n_mon)
     clock = results[0].clock if results else ""
     src = results[0].insn_source if results else ""
     by_index = {m.index: m for m in metas}
     for idx, reason in failed.items():
         m = by_index[idx]
         rows.append(_failed_row(machine_id, batch_id, params, m.kernel, m.n_insns, reason, now,
-                                clock, src) | {"role": _role(idx, monitor_index)})
+                                clock, src) | {"role": _role(idx, n_mon)})
     return rows
 
 
-def _role(index: int, monitor_index: int | None) -> str:
-    return "monitor" if index == monitor_index else "kernel"
+def _role(index: int, n_mon: int) -> str:
+    """The first ``n_mon`` kernels of a batch are its monitors."""
+    return "monitor" if index < n_mon else "kernel"
 
 
 def rows_from_result(res, metas, machine_id, batch_id, params, now,
-                     monitor_index: int | None = None) -> list[dict]:
+                     n_mon: int = 0) -> list[dict]:
     """DB rows of the measured repetitions of one harness run (failures: rows_from_rounds).
 
     Every repetition is stored as ``ok`` with its raw ticks, even one whose f2 - f1 is not
@@ -337,7 +383,7 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now,
             "cycles_per_instance": cycles / instances, "timestamp": now,
             "cal_adds": int(r["cal_adds"]) if "cal_adds" in r else None,
             "stable": bool(r["stable"]) if "stable" in r else None,
-            "role": _role(int(r["index"]), monitor_index), "round": r.get("round"),
+            "role": _role(int(r["index"]), n_mon), "round": r.get("round"),
         })
     return rows
 

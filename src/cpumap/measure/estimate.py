@@ -319,9 +319,10 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
 
 def monitor_table(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
                   ratios: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
-    """The noise monitor of every batch (rows with role ``monitor``): when it ran, its estimate,
-    its median repetition and ``noise`` = median / estimate - 1 (0: a quiet host; 0.5: the
-    typical call ran 50 % slow), ordered by time. ``ratios`` (:func:`batch_ratios` of all
+    """The noise monitors of every batch (rows with role ``monitor``; a row per batch and
+    monitor kernel): when it ran, its estimate, its median repetition and ``noise`` =
+    median / estimate - 1 (0: a quiet host; 0.5: the typical call ran 50 % slow), ordered by
+    time. ``ratios`` (:func:`batch_ratios` of all
     the batches' rows) may be given when ``df`` holds only the monitor's rows."""
     cols = ["timestamp", "batch_id", "kernel", "reps", "cycles_per_instance_est",
             "rel_uncertainty", "unstable", "cycles_per_instance_median", "noise"]
@@ -333,8 +334,8 @@ def monitor_table(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     out = []
     for (batch, ts), g in mon.groupby(["batch_id", "timestamp"], sort=False):
         agg = aggregate(g, stable_tol, ratios)
-        if len(agg):
-            out.append(agg.iloc[0].to_dict() | {"timestamp": ts, "batch_id": batch})
+        out += [r | {"timestamp": ts, "batch_id": batch} for r in agg.to_dict("records")]
     if not out:
         return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
-    return pd.DataFrame(out)[cols].sort_values("timestamp", kind="stable").reset_index(drop=True)
+    return pd.DataFrame(out)[cols].sort_values(["timestamp", "kernel"], kind="stable") \
+        .reset_index(drop=True)

@@ -1,0 +1,134 @@
+"""Which rounds of a batch ran on a quiet host: the monitors against a reference.
+
+Why a second monitor and a reference at all: the robust estimator (cpumap.measure.estimate)
+finds the CPU's speed wherever some repetitions ran undisturbed, but a neighbour that shares
+the physical core can also slow *every* call of a kernel for seconds without leaving a fast
+tail. Measured on Zen 4 (2026-11-25, a C loop timed in 100 ms windows, the fastest call of
+each window): 64-bit loads at 3 per cycle ran 3.5-6 % slow in whole windows, for up to 1.5 s
+with a busy loop on the other vCPU and now and then without one, while independent integer
+adds, vector adds and the dependent-add clock chain in the same windows kept their speed. A
+harness round (about 0.1 s per kernel) that falls inside such a window is slow and
+self-consistent, and three of them can agree with each other: `cpumap measure MOV_R64_M64`
+gave 0.340 one invocation in five. The ADD monitor cannot see it; a load monitor can.
+
+So every native batch measures the monitors (:data:`MONITOR_KERNELS`: integer adds on all
+ALUs, 64-bit loads on all load pipes) in every round, and a round is *quiet* when each
+monitor's estimate of that round is within :data:`QUIET_TOL` of its reference: the lowest of
+the batch's own rounds and of the machine's reference, the recent settled monitor estimates
+kept in a small JSON file beside the database (without it a batch whose every round was slow
+would look quiet to itself). A batch whose rounds are short measures more rounds, further
+apart, until one is quiet (cpumap.measure.batch); the rounds that were not stay in the
+database, and the estimate, which takes each kernel's fastest cluster over all rounds, finds
+the quiet round's calls. What this does not catch: spells shorter than a round. With a busy
+loop on the other vCPU the loads' spells last milliseconds, and a monitor measured quiet can
+sit next to a kernel measured slow in the same round; then only more rounds (the kernel's
+uncertainty, cpumap.measure.estimate) help.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cpumap.measure import estimate
+from cpumap.store.files import write_json_atomic
+
+#: The monitors, in the order they lead every native batch: integer adds on the four ALUs
+#: (what a neighbour's integer work slows) and 64-bit loads on the load pipes (what a
+#: neighbour's memory work slows, and the adds do not show).
+MONITOR_KERNELS = ("ADD_R64_R64", "MOV_R64_M64")
+#: A round is quiet when every monitor's estimate of the round is at most this far above its
+#: reference. A quiet round's own estimate scatters by 0.3-0.6 % (the load monitor's rounds,
+#: 2026-11-25); the slow windows above are 2-6 % slow.
+QUIET_TOL = 0.01
+#: The longest round the monitors are taken to speak for: they run at its start, and a
+#: neighbour's spell on the load pipes lasts from milliseconds to seconds (above). A
+#: `cpumap measure` round or a small batch's (0.1-0.5 s) is judged; a full-profile singleton
+#: batch's round (about 1,000 kernels, 3 s and more) is not: measuring it again whole because
+#: its first milliseconds were slow would cost 40 % more time for no evidence about the rest
+#: (measured 2026-11-25: `benchmarks/full_profile.py` 76 kernels/s with every round judged).
+JUDGED_ROUND_S = 1.0
+#: How many recent settled estimates per monitor the machine's reference keeps, and which of
+#: them (the second lowest: one estimate low by the calibration's luck does not set it).
+REFERENCE_KEEP = 32
+REFERENCE_RANK = 1
+
+
+def round_estimates(rows: pd.DataFrame, ratios: Mapping | None = None) -> pd.DataFrame:
+    """Each monitor's estimate in each round of a batch's rows (columns round, kernel, est)."""
+    mon = rows[(rows.get("role") == "monitor") & (rows["status"] == "ok")]
+    if mon.empty or "round" not in mon:
+        return pd.DataFrame({"round": [], "kernel": [], "est": []})
+    ratios = estimate.batch_ratios(rows) if ratios is None else ratios
+    mon = mon.assign(role="kernel")
+    out = []
+    for rnd, g in mon.groupby("round", sort=True):
+        agg = estimate.aggregate(g, ratios=ratios)
+        out += [{"round": int(rnd), "kernel": k, "est": float(e)}
+                for k, e in zip(agg["kernel"], agg["cycles_per_instance_est"], strict=True)]
+    return pd.DataFrame(out)
+
+
+def quiet_rounds(per_round: pd.DataFrame, reference: Mapping[str, float] | None = None,
+                 tol: float = QUIET_TOL) -> tuple[set[int], dict[str, float]]:
+    """The quiet rounds and, per monitor, how slow its slowest quiet-or-not round was
+    against the reference (the worst round's excess, for the report and the CLI)."""
+    ok = per_round[per_round["est"] > 0] if len(per_round) else per_round
+    if ok.empty:  # nothing to judge by (no monitor timed): every round counts as quiet
+        return set(per_round.get("round", pd.Series(dtype=int)).astype(int)), {}
+    reference = reference or {}
+    ref = ok.groupby("kernel")["est"].min()
+    ref = pd.Series({k: min(v, reference.get(k, np.inf)) for k, v in ref.items()})
+    excess = ok["est"] / ok["kernel"].map(ref) - 1.0
+    loud = ok.loc[~(excess <= tol), "round"]
+    rounds = set(ok["round"].astype(int)) - set(loud.astype(int))
+    worst = excess.groupby(ok["kernel"]).max().fillna(np.inf).to_dict()
+    return rounds, {str(k): float(v) for k, v in worst.items()}
+
+
+def reference_path(db_dir: Path | str) -> Path:
+    """Where a database's machine keeps its monitor reference: beside the database."""
+    return Path(db_dir).parent / "monitor" / "reference.json"
+
+
+def load_reference(path: Path | str | None) -> dict[str, float]:
+    """The machine's reference value of each monitor (empty without a file, or a bad one:
+    the reference only adds rounds, it never changes a value)."""
+    if path is None or not Path(path).exists():
+        return {}
+    try:
+        kept = json.loads(Path(path).read_text())
+        return {str(k): float(sorted(v)[min(REFERENCE_RANK, len(v) - 1)])
+                for k, v in kept.items() if v}
+    except (ValueError, TypeError, AttributeError, OSError):
+        return {}
+
+
+def update_reference(path: Path | str | None, rows: pd.DataFrame,
+                     stable_tol: float = estimate.STABLE_TOL) -> None:
+    """Add each monitor's estimate over the batch to the machine's reference when it settled
+    (its best round matched by another); written atomically. A slow batch that settled adds a
+    slow value, which the reference's low rank leaves aside."""
+    if path is None:
+        return
+    mon = rows[(rows.get("role") == "monitor") & (rows["status"] == "ok")]
+    if mon.empty:
+        return
+    agg = estimate.aggregate(mon.assign(role="kernel"), stable_tol,
+                             ratios=estimate.batch_ratios(rows))
+    settled = agg[~agg["unstable"] & (agg["cycles_per_instance_est"] > 0)]
+    if settled.empty:
+        return
+    try:
+        kept = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+        kept = {str(k): [float(x) for x in v] for k, v in kept.items()}
+    except (ValueError, TypeError, AttributeError, OSError):
+        kept = {}
+    for k, e in zip(settled["kernel"], settled["cycles_per_instance_est"], strict=True):
+        kept[str(k)] = (kept.get(str(k), []) + [float(e)])[-REFERENCE_KEEP:]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(kept, path)

@@ -1,0 +1,135 @@
+"""Quiet rounds: the monitors against the machine's reference, and the batch measured again
+until one round is quiet (cpumap.measure.quiet, cpumap.measure.batch._rounds). Exact, on
+scripted harness results: no native timing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_estimate import noisy_rows
+
+from cpumap.measure import asmgen, batch, estimate, harness, quiet
+from cpumap.measure.settings import BenchSettings
+
+ADD, MOV = quiet.MONITOR_KERNELS
+RATIO = 1.42
+
+
+def monitor_rounds(cpis: dict[str, list[float]]) -> pd.DataFrame:
+    """Monitor rows of one batch: per monitor kernel, its value in each round."""
+    parts = []
+    for k, values in cpis.items():
+        for rnd, cpi in enumerate(values):
+            parts.append(noisy_rows(cpi, 32, 0.0, seed=rnd, kernel=k)
+                         .assign(role="monitor", round=rnd))
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_a_round_is_quiet_when_every_monitor_is_near_its_reference():
+    rows = monitor_rounds({ADD: [0.25, 0.25, 0.25], MOV: [0.3467, 0.3333, 0.3450]})
+    per_round = quiet.round_estimates(rows)
+    assert sorted(per_round.columns) == ["est", "kernel", "round"] and len(per_round) == 6
+    calm, worst = quiet.quiet_rounds(per_round)
+    assert calm == {1}  # rounds 0 and 2: the loads 4.0 % and 3.5 % slow
+    assert worst[MOV] == pytest.approx(0.04, abs=0.003) and worst[ADD] < 0.004
+    # every round slowed alike agrees with itself: only the machine's reference shows it
+    slow = monitor_rounds({ADD: [0.25] * 3, MOV: [0.3467] * 3})
+    assert quiet.quiet_rounds(quiet.round_estimates(slow))[0] == {0, 1, 2}
+    calm, worst = quiet.quiet_rounds(quiet.round_estimates(slow), {MOV: 0.3333, ADD: 0.25})
+    assert calm == set() and worst[MOV] == pytest.approx(0.04, abs=0.003)
+    # a reference above the batch's own best changes nothing
+    assert quiet.quiet_rounds(per_round, {MOV: 0.40})[0] == {1}
+    # no monitor timed: nothing to judge by, every round counts
+    none = per_round.assign(est=np.nan)
+    assert quiet.quiet_rounds(none)[0] == {0, 1, 2}
+
+
+def test_the_reference_keeps_recent_settled_values_and_takes_the_second_lowest(tmp_path):
+    path = quiet.reference_path(tmp_path / "db")
+    assert path == tmp_path / "monitor" / "reference.json"
+    assert quiet.load_reference(path) == {}
+    quiet.update_reference(path, monitor_rounds({ADD: [0.25] * 3, MOV: [0.3333] * 3}))
+    ref = quiet.load_reference(path)
+    assert ref[ADD] == pytest.approx(0.25, rel=0.004)
+    assert ref[MOV] == pytest.approx(0.3333, rel=0.004)
+    # one value low by luck does not set the reference: the second lowest does
+    quiet.update_reference(path, monitor_rounds({MOV: [0.3200] * 3}))
+    assert quiet.load_reference(path)[MOV] == pytest.approx(0.3333, rel=0.004)
+    # a monitor whose rounds disagree (unsettled) adds nothing
+    quiet.update_reference(path, monitor_rounds({ADD: [0.20, 0.25, 0.30]}))
+    assert len(json.loads(path.read_text())[ADD]) == 1
+    # the list is bounded
+    for _ in range(quiet.REFERENCE_KEEP + 3):
+        quiet.update_reference(path, monitor_rounds({MOV: [0.3333] * 2}))
+    assert len(json.loads(path.read_text())[MOV]) == quiet.REFERENCE_KEEP
+    # a damaged file is no reference (it only ever adds rounds), and is replaced whole
+    path.write_text("{not json")
+    assert quiet.load_reference(path) == {}
+    quiet.update_reference(path, monitor_rounds({ADD: [0.25] * 2}))
+    assert set(json.loads(path.read_text())) == {ADD}
+
+
+def scripted_harness(monkeypatch, slow_rounds: int):
+    """A harness whose first ``slow_rounds`` rounds run every kernel 4 % slow (a neighbour on
+    the load pipes for seconds); the calls of a round are otherwise exact."""
+    calls: list[list[int]] = []
+    cpi = {0: 0.25, 1: 0.3333, 2: 1.0}
+
+    def run_batch(so, n, *, indices, progress=None, **kw):
+        rnd = len(calls)
+        calls.append(list(indices))
+        slow = 1.04 if rnd < slow_rounds else 1.0
+        rows = []
+        for i in indices:
+            inst = 20_000
+            c = cpi[i] * (1.04 if i > 0 and slow > 1 else 1.0)
+            for rep in range(16):
+                t1 = round((300 + c * inst) / RATIO)
+                t2 = round((300 + 2 * c * inst) / RATIO)
+                rows.append({"index": i, "rep": rep, "iters": 1000, "ticks1": t1, "ticks2": t2,
+                             "cycles1": 0, "cycles2": 0, "calib_ratio": RATIO})
+        return harness.BatchResult("tsc-calibrated", "derived", RATIO, RATIO, rows)
+
+    monkeypatch.setattr(harness, "run_batch", run_batch)
+    metas = [asmgen.KernelMeta(i, k, asmgen.kernel_id(k), 1, 20, 1000, 1, 2, 20_000)
+             for i, k in enumerate([ADD, MOV, "IMUL_R64_R64"])]
+    return calls, metas
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_the_whole_batch_is_measured_again_until_a_round_is_quiet(monkeypatch, reference):
+    calls, metas = scripted_harness(monkeypatch, slow_rounds=3)
+    bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
+    said: list[str] = []
+    ref = {ADD: 0.25, MOV: 0.3333} if reference else None
+    results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", 2,
+                            said.append, reference=ref)
+    rows = pd.DataFrame(batch.rows_from_rounds(results, metas, "m", "b", {},
+                                               pd.Timestamp(0, tz="UTC"), 2))
+    assert set(rows.loc[rows.kernel.isin([ADD, MOV]), "role"]) == {"monitor"}
+    got = estimate.aggregate(rows).set_index("kernel").loc["IMUL_R64_R64"]
+    if not reference:
+        # three slow rounds agree with each other: settled, and 4 % slow
+        assert calls == [[0, 1, 2]] * 3
+        assert got.cycles_per_instance_est == pytest.approx(1.04, rel=0.002)
+    else:
+        # no quiet round after three: the whole batch again; the fourth is quiet, and one
+        # more round (monitors and the unsettled kernel) confirms the kernel's value
+        assert calls == [[0, 1, 2]] * 5
+        assert any("no quiet round yet (MOV_R64_M64 +4.0 %)" in s for s in said)
+        assert got.cycles_per_instance_est == pytest.approx(1.0, rel=0.002)
+        assert not got.unstable
+
+
+def test_a_round_longer_than_the_monitors_speak_for_is_not_judged(monkeypatch):
+    """A full-profile batch's round lasts seconds; its monitors ran in its first milliseconds
+    and say nothing of the rest: no round is measured again for them."""
+    calls, metas = scripted_harness(monkeypatch, slow_rounds=3)
+    monkeypatch.setattr(quiet, "JUDGED_ROUND_S", -1.0)
+    bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
+    batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", 2, lambda _m: None,
+                  reference={ADD: 0.25, MOV: 0.3333})
+    assert calls == [[0, 1, 2]] * 3
