@@ -132,6 +132,32 @@ def test_measured_cycles_is_the_minimum():
     assert math.isnan(evaluate.measured_cycles({"cycles": []}))
 
 
+def test_unsettled_measured_cycles_are_kept_and_named(tmp_path):
+    """The suite's driver processes whose two fastest minima never agreed within 1 %: the
+    kernel stays in the metrics, the summary and the report name it with its spread."""
+    import json
+
+    from cpumap.evaluate.report import residency_note
+
+    files = []
+    for name, minima in (("a.O2", [252.0, 280.0, 300.0]), ("b.O3-v3", [31.0, 31.2]),
+                         ("c.O2", [])):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps({"cycles_min": minima[0] if minima else 9.0,
+                                         "process_cycles_min": minima}))
+    spreads = evaluate.load_spreads(files)
+    assert spreads["a.O2"] == pytest.approx(28 / 252) and spreads["c.O2"] == 0.0
+    assert spreads["b.O3-v3"] == pytest.approx(0.2 / 31)
+    preds = _pred("x", [2.0, 3.0, 1.0, 1.0, 4.0], ["ok"] * 5)
+    k = evaluate.kernel_table(evaluate.lift(_blocks(), _counts(), preds),
+                              evaluate.load_cycles(files), {}, 0.15, spreads)
+    assert k.eligible.all() and k.cycles_spread.notna().all()
+    s = evaluate.summary(k, {}, 0.15)
+    assert s["unsettled"] == {"a.O2": pytest.approx(28 / 252)}
+    assert "never settled for 1 benchmarks" in residency_note(s) and "a.O2 11.1 %" in \
+        residency_note(s)
+
+
 CG_OUT = textwrap.dedent("""\
     desc: D1 cache: 32768 B, 64 B, 8-way associative
     cmd: ./a.out --reps 3

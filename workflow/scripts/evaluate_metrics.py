@@ -49,7 +49,8 @@ if "osaca" in metas and cfg["osaca"]["ignore_unknown"]:
 status = lift.analyzer_status(cfg["analyzers"], metas, snakemake.params.model_enabled,
                                   derived)
 lifted = lift.lift(blocks, counts, predictions)
-kernels = lift.kernel_table(lifted, cycles, residency, float(cfg["miss_threshold"]))
+kernels = lift.kernel_table(lifted, cycles, residency, float(cfg["miss_threshold"]),
+                            lift.load_spreads(snakemake.input.cycles))
 metrics = lift.metrics_table(kernels, [a for a, s in status.items() if s["status"] == "ran"])
 files.write_tsv_atomic(kernels, snakemake.output.kernels)
 files.write_tsv_atomic(metrics, snakemake.output.metrics)

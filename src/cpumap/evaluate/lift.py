@@ -42,6 +42,11 @@ __all__ = [
 ]
 
 
+#: The two fastest driver processes further apart than this: the measured cycles never
+#: settled (cpumap.evaluate.suite.PROCESS_AGREE, the same 1 %).
+UNSETTLED = 0.01
+
+
 def split_benchmark(benchmark: str) -> tuple[str, str]:
     """(kernel, flag set) of a benchmark id ``<kernel>.<flagset>``; a user benchmark (an id
     without a dot, suite.user) has the flag set "user"."""
@@ -103,17 +108,22 @@ def lift(blocks: pd.DataFrame, counts: pd.DataFrame, predictions: pd.DataFrame) 
 
 
 def kernel_table(lifted: pd.DataFrame, cycles: Mapping[str, float],
-                 residency: Mapping[str, Mapping], miss_threshold: float = 0.15) -> pd.DataFrame:
+                 residency: Mapping[str, Mapping], miss_threshold: float = 0.15,
+                 spreads: Mapping[str, float] | None = None) -> pd.DataFrame:
     """Per (benchmark, analyzer): measured and predicted cycles and IPC, eligibility.
 
     ``cycles``: measured whole-kernel cycles per benchmark; ``residency``: Cachegrind result per
-    benchmark (see :func:`cpumap.evaluate.cachegrind.warm_miss_rate`).
+    benchmark (see :func:`cpumap.evaluate.cachegrind.warm_miss_rate`); ``spreads``: how far
+    apart the two fastest driver processes were (:func:`load_spreads`), kept beside the
+    cycles as ``cycles_spread``: a kernel whose processes never agreed is still used, and the
+    report says which.
     """
     t = lifted.copy()
     kf = t.benchmark.map(split_benchmark)
     t.insert(1, "kernel", kf.str[0])
     t.insert(2, "flagset", kf.str[1])
     t["measured_cycles"] = t.benchmark.map(lambda b: float(cycles.get(b, math.nan)))
+    t["cycles_spread"] = t.benchmark.map(lambda b: float((spreads or {}).get(b, math.nan)))
     t["ipc_measured"] = t.instructions / t.measured_cycles
     t["ipc_predicted"] = np.where(t.predicted_cycles > 0,
                                   t.instructions / t.predicted_cycles.where(
@@ -175,11 +185,22 @@ def metrics_table(kernels: pd.DataFrame, analyzers: list[str] | None = None) -> 
 
 def load_cycles(paths: list[str | Path]) -> dict[str, float]:
     """Measured cycles per benchmark from evaluate/cycles/<benchmark>.json files."""
+    return {b: measured_cycles(obj) for b, obj in _cycle_files(paths)}
+
+
+def load_spreads(paths: list[str | Path]) -> dict[str, float]:
+    """How far apart the two fastest driver processes' minima were, relative, per benchmark
+    (cpumap.evaluate.suite.run_driver; 0 for one process or an older file without them)."""
     out = {}
-    for p in paths:
-        p = Path(p)
-        out[p.name.removesuffix(".json")] = measured_cycles(json.loads(p.read_text()))
+    for b, obj in _cycle_files(paths):
+        best = sorted(float(c) for c in obj.get("process_cycles_min") or [])
+        out[b] = best[1] / best[0] - 1 if len(best) >= 2 and best[0] > 0 else 0.0
     return out
+
+
+def _cycle_files(paths: list[str | Path]):
+    for p in paths:
+        yield Path(p).name.removesuffix(".json"), json.loads(Path(p).read_text())
 
 
 def analyzer_status(configured: list[str], metas: Mapping[str, Mapping],
@@ -235,6 +256,8 @@ def summary(kernels: pd.DataFrame, residency: Mapping[str, Mapping],
         "instructions_checked": int(base.cachegrind_instructions.notna().sum()),
         "instructions_equal_cachegrind": int((base.cachegrind_instructions
                                               == base.instructions).sum()),
+        "unsettled": {r.benchmark: float(r.cycles_spread) for r in base.itertuples()
+                      if r.cycles_spread > UNSETTLED},
         "d1_miss_rate_max_checked": float(base.loc[base.cachegrind == "ok", "d1_miss_rate"].max())
         if (base.cachegrind == "ok").any() else math.nan,
     }

@@ -26,6 +26,7 @@ import pandas as pd  # noqa: E402
 
 from cpumap.evaluate.corpus import COMMON  # noqa: E402
 from cpumap.evaluate.coverage import Coverage  # noqa: E402
+from cpumap.evaluate.lift import UNSETTLED  # noqa: E402
 from cpumap.store.files import write_bytes_atomic, write_text_atomic  # noqa: E402
 
 __all__ = ["Section", "build_report", "figure_html", "fragment_section", "table_html",
@@ -181,6 +182,14 @@ def _metrics_section(metrics: pd.DataFrame, analyzers: Mapping[str, Mapping]) ->
     return Section("Metrics", body, "metrics")
 
 
+def _unsettled(r) -> str:
+    spread = float(getattr(r, "cycles_spread", math.nan))
+    if not spread > UNSETTLED:
+        return ""
+    return (f' <span class="fail" title="the two fastest driver processes were '
+            f'{100 * spread:.1f} % apart">(unsettled)</span>')
+
+
 def _kernels_section(kernels: pd.DataFrame, analyzers: Sequence[str]) -> Section:
     if kernels.empty:
         return Section("Kernels", "<p>No kernel.</p>", "kernels")
@@ -191,7 +200,7 @@ def _kernels_section(kernels: pd.DataFrame, analyzers: Sequence[str]) -> Section
               else f'<span class="muted">{esc(r.cachegrind)}: '
                    f'{esc(str(r.cachegrind_error)[:160])}</span>')
         cells = [f"<td>{esc(bench)}</td>", f'<td class="num">{int(r.instructions)}</td>',
-                 f'<td class="num">{_fmt(r.measured_cycles, 0)}</td>',
+                 f'<td class="num">{_fmt(r.measured_cycles, 0)}{_unsettled(r)}</td>',
                  f'<td class="num">{_fmt(r.ipc_measured)}</td>', f"<td>{cg}</td>",
                  f'<td class="fail">{esc(r.excluded)}</td>']
         for a in analyzers:
@@ -377,6 +386,12 @@ def residency_note(summary: Mapping) -> str:
                  f"Cachegrind's count for the kernel function in "
                  f"{summary.get('instructions_equal_cachegrind', 0)} of "
                  f"{summary['instructions_checked']} checked benchmarks.")
+    unsettled = summary.get("unsettled") or {}
+    if unsettled:
+        text += (f" Measured cycles never settled for {len(unsettled)} benchmarks (the two "
+                 f"fastest driver processes more than 1 % apart: "
+                 + ", ".join(f"{esc(b)} {100 * v:.1f} %" for b, v in sorted(unsettled.items()))
+                 + "); they are kept, their measured IPC is the fastest process's.")
     return text
 
 
