@@ -50,31 +50,40 @@ def test_a_round_is_quiet_when_every_monitor_is_near_its_reference():
 def test_the_reference_keeps_recent_settled_values_and_takes_the_second_lowest(tmp_path):
     path = quiet.reference_path(tmp_path / "db")
     assert path == tmp_path / "monitor" / "reference.json"
-    assert quiet.load_reference(path) == {}
+    pid = monitor_rounds({ADD: [0.25]}).params_id.iat[0]
+    assert quiet.load_reference(path, pid) == {}
     quiet.update_reference(path, monitor_rounds({ADD: [0.25] * 3, MOV: [0.3333] * 3}))
-    ref = quiet.load_reference(path)
+    assert quiet.load_reference(path, "other-parameters") == {}
+    ref = quiet.load_reference(path, pid)
     assert ref[ADD] == pytest.approx(0.25, rel=0.004)
     assert ref[MOV] == pytest.approx(0.3333, rel=0.004)
     # one value low by luck does not set the reference: the second lowest does
     quiet.update_reference(path, monitor_rounds({MOV: [0.3200] * 3}))
-    assert quiet.load_reference(path)[MOV] == pytest.approx(0.3333, rel=0.004)
+    assert quiet.load_reference(path, pid)[MOV] == pytest.approx(0.3333, rel=0.004)
     # a monitor whose rounds disagree (unsettled) adds nothing
     quiet.update_reference(path, monitor_rounds({ADD: [0.20, 0.25, 0.30]}))
-    assert len(json.loads(path.read_text())[ADD]) == 1
+    assert len(json.loads(path.read_text())[f"{ADD}|{pid}"]) == 1
     # the list is bounded
     for _ in range(quiet.REFERENCE_KEEP + 3):
         quiet.update_reference(path, monitor_rounds({MOV: [0.3333] * 2}))
-    assert len(json.loads(path.read_text())[MOV]) == quiet.REFERENCE_KEEP
+    assert len(json.loads(path.read_text())[f"{MOV}|{pid}"]) == quiet.REFERENCE_KEEP
     # a damaged file is no reference (it only ever adds rounds), and is replaced whole
     path.write_text("{not json")
-    assert quiet.load_reference(path) == {}
+    assert quiet.load_reference(path, pid) == {}
     quiet.update_reference(path, monitor_rounds({ADD: [0.25] * 2}))
-    assert set(json.loads(path.read_text())) == {ADD}
+    assert set(json.loads(path.read_text())) == {f"{ADD}|{pid}"}
+    # the kernels of a batch only when asked (`cpumap measure`), the monitors always
+    rows = pd.concat([monitor_rounds({ADD: [0.25] * 2}),
+                      monitor_rounds({"IMUL": [1.0] * 2}).assign(role="kernel")])
+    quiet.update_reference(path, rows)
+    assert "IMUL" not in quiet.load_reference(path, pid)
+    quiet.update_reference(path, rows, kernels=True)
+    assert quiet.load_reference(path, pid)["IMUL"] == pytest.approx(1.0, rel=0.004)
 
 
-def scripted_harness(monkeypatch, slow_rounds: int):
-    """A harness whose first ``slow_rounds`` rounds run every kernel 4 % slow (a neighbour on
-    the load pipes for seconds); the calls of a round are otherwise exact."""
+def scripted_harness(monkeypatch, slow_rounds: int, slowed: tuple[int, ...] = (1, 2)):
+    """A harness whose first ``slow_rounds`` rounds run the kernels ``slowed`` 4 % slow (a
+    neighbour on the load pipes for seconds); the calls of a round are otherwise exact."""
     calls: list[list[int]] = []
     cpi = {0: 0.25, 1: 0.3333, 2: 1.0}
 
@@ -85,7 +94,7 @@ def scripted_harness(monkeypatch, slow_rounds: int):
         rows = []
         for i in indices:
             inst = 20_000
-            c = cpi[i] * (1.04 if i > 0 and slow > 1 else 1.0)
+            c = cpi[i] * (slow if i in slowed else 1.0)
             for rep in range(16):
                 t1 = round((300 + c * inst) / RATIO)
                 t2 = round((300 + 2 * c * inst) / RATIO)
@@ -105,10 +114,10 @@ def test_the_whole_batch_is_measured_again_until_a_round_is_quiet(monkeypatch, r
     bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
     said: list[str] = []
     ref = {ADD: 0.25, MOV: 0.3333} if reference else None
-    results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", 2,
+    results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", (0, 1),
                             said.append, reference=ref)
     rows = pd.DataFrame(batch.rows_from_rounds(results, metas, "m", "b", {},
-                                               pd.Timestamp(0, tz="UTC"), 2))
+                                               pd.Timestamp(0, tz="UTC"), (0, 1)))
     assert set(rows.loc[rows.kernel.isin([ADD, MOV]), "role"]) == {"monitor"}
     got = estimate.aggregate(rows).set_index("kernel").loc["IMUL_R64_R64"]
     if not reference:
@@ -130,6 +139,38 @@ def test_a_round_longer_than_the_monitors_speak_for_is_not_judged(monkeypatch):
     calls, metas = scripted_harness(monkeypatch, slow_rounds=3)
     monkeypatch.setattr(quiet, "JUDGED_ROUND_S", -1.0)
     bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
-    batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", 2, lambda _m: None,
+    batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", (0, 1), lambda _m: None,
                   reference={ADD: 0.25, MOV: 0.3333})
     assert calls == [[0, 1, 2]] * 3
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_a_kernel_slower_than_its_reference_is_measured_again(monkeypatch, known):
+    """`cpumap measure` keeps each kernel's settled values: three rounds of a kernel that
+    agree at 4 % above the value this machine settled on before, with quiet monitors, are
+    measured again (the kernel, with the monitors) until it comes back."""
+    calls, metas = scripted_harness(monkeypatch, slow_rounds=3, slowed=(2,))
+    bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
+    said: list[str] = []
+    ref = {ADD: 0.25, MOV: 0.3333} | ({"IMUL_R64_R64": 1.0} if known else {})
+    results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", (0, 1),
+                            said.append, reference=ref)
+    rows = pd.DataFrame(batch.rows_from_rounds(results, metas, "m", "b", {},
+                                               pd.Timestamp(0, tz="UTC"), (0, 1)))
+    got = estimate.aggregate(rows).set_index("kernel").loc["IMUL_R64_R64"]
+    if not known:
+        assert calls == [[0, 1, 2]] * 3
+        assert got.cycles_per_instance_est == pytest.approx(1.04, rel=0.002)
+    else:
+        assert calls == [[0, 1, 2]] * 5
+        assert any("slower than this machine's reference (IMUL_R64_R64 +4.0 %)" in m
+                   for m in said)
+        assert got.cycles_per_instance_est == pytest.approx(1.0, rel=0.002)
+
+
+def test_monitors_keep_the_kernels_where_they_were():
+    """The integer-add monitor leads the batch as it always did; the others go last, so
+    that the kernels' code lies where it lay before them."""
+    assert batch.monitor_indices(5, 2) == (0, 4)
+    assert batch.monitor_indices(5, 1) == (0,)
+    assert batch.monitor_indices(5, 0) == ()

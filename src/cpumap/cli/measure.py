@@ -53,6 +53,9 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
         "rounds": int(rows["round"].nunique()) if "round" in rows else None,
         "quiet_rounds": len(calm) if len(per_round) else None,
         "monitors_slowest_round": worst or None,
+        "reference": (reference or {}).get(str(agg["kernel"])),
+        "above_reference": quiet.above_reference(agg.to_frame().T, reference).get(
+            str(agg["kernel"])),
     }
 
 
@@ -108,11 +111,11 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
         rows = batch.measure_batch(
             [canon], cat.df, ctx.desc, bench, ctx.root / "work" / "cli", ctx.harness_bin(),
             batch_id, progress=say if args.verbose else None,
-            reference=quiet.reference_path(db_dir))
+            reference=quiet.reference_path(db_dir), reference_kernels=True)
         if not args.no_db:
             db.append(db_dir, rows, batch_id)
     out = summarize(rows, kernel, cached, _recent(db_dir, ctx.desc["machine_id"]),
-                    quiet.load_reference(quiet.reference_path(db_dir)))
+                    quiet.load_reference(quiet.reference_path(db_dir), pid))
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -121,6 +124,10 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
               f"(± {100 * out['uncertainty']:.2f} %{flag}), IPC {out['ipc']:.3f}, "
               f"{out['repetitions']} repetitions, median repetition {out['cycles_median']:.4f}, "
               f"clock {out['clock']}{' (cached)' if cached else ''}")
+    if out["above_reference"]:
+        say(f"warning: {100 * out['above_reference']:.1f} % slower than this machine's "
+            f"reference for the kernel ({out['reference']:.4f} cycles) after "
+            f"{out['rounds']} rounds: a neighbour, most likely; measure again")
     if out["quiet_rounds"] == 0:
         say(f"warning: no round of this measurement ran on a quiet host (monitors' slowest "
             f"rounds: {out['monitors_slowest_round']}); the value may be slow: measure again")

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -62,8 +62,8 @@ def _failed_row(machine_id: str, batch_id: str, params: dict, canon: str, n_insn
 class Prepared:
     """A generated and compiled batch: the shared object and what each of its kernels is.
 
-    ``kernels`` are the canonical texts of the kernels in the .so, in order (the first
-    ``monitor`` of them are the monitors); ``unmeasurable`` maps a kernel that cannot be
+    ``kernels`` are the canonical texts of the kernels in the .so, in order (``monitor`` of
+    them are monitors: :func:`monitor_indices`); ``unmeasurable`` maps a kernel that cannot be
     generated here to the reason. Stored beside the .so as JSON, so that one job can compile
     and another measure.
     """
@@ -115,7 +115,7 @@ def prepare_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
     if monitors:
         # the noise references go first: how quiet the host was while this batch ran
         specs |= _specs(forms, monitors)
-        good[:0] = [{k: 1} for k in monitors]
+        good = [{monitors[0]: 1}, *good, *({k: 1} for k in monitors[1:])]
     t0 = time.monotonic()
     # an empty batch too (every kernel already in the database, or none measurable): the
     # shared object is a rule's output, and the harness runs a batch of no kernels
@@ -151,13 +151,16 @@ def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mappi
                      harness_bin: Path, batch_id: str,
                      progress: Callable[[str], None] | None = None,
                      skip: set[str] | frozenset[str] = frozenset(),
-                     reference: Path | None = None) -> pd.DataFrame:
+                     reference: Path | None = None,
+                     reference_kernels: bool = False) -> pd.DataFrame:
     """Measure a prepared batch in rounds; return its DB rows.
 
     A kernel that cannot be generated or that fails in the harness gets a ``failed`` row with
     the reason; the rest of the batch is measured normally. Kernels whose id is in ``skip``
     (already in the database) are not run and produce no rows. ``reference``: the machine's
-    monitor reference (cpumap.measure.quiet), read to judge the rounds and updated after.
+    reference values (cpumap.measure.quiet), read to judge the rounds and updated after with
+    the monitors' values (and with ``reference_kernels`` the kernels', as `cpumap measure`
+    does: a kernel measured slower than this machine settled on before is measured again).
     """
     say = progress or (lambda _m: None)
     bench = bench_settings(bench)
@@ -171,23 +174,25 @@ def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mappi
                 sum(asmgen.parse_canonical(canon).values())
             rows.append(_failed_row(machine_id, batch_id, params, canon, n, err, now))
     metas = prep.kernel_metas()
-    n_mon = int(prep.monitor)
-    skipped = [m.index for m in metas if m.kernel_id in skip and m.index >= n_mon]
+    mons = monitor_indices(len(metas), int(prep.monitor))
+    skipped = [m.index for m in metas if m.kernel_id in skip and m.index not in mons]
     if skipped:
         say(f"{batch_id}: {len(skipped)} of {len(metas)} kernels already in the database, "
             "not measured again")
     todo = [m.index for m in metas if m.index not in set(skipped)]
-    if all(i < n_mon for i in todo):
+    todo = [*mons, *(i for i in todo if i not in mons)]  # the monitors first
+    if all(i in mons for i in todo):
         todo = []  # nothing left to measure but the monitors
     if todo:
         say(f"{batch_id}: measuring {len(todo)} kernels in {bench.rounds} rounds (more, up "
             f"to {bench.max_rounds}, for unsettled ones)")
         results = _rounds(Path(prep.so), len(metas), todo, metas, bench, harness_bin,
-                          batch_id, n_mon, say, prep.map_pages,
-                          quiet.load_reference(reference))
-        done = rows_from_rounds(results, metas, machine_id, batch_id, params, now, n_mon)
-        if n_mon:
-            quiet.update_reference(reference, pd.DataFrame(done), bench.stable_tol)
+                          batch_id, mons, say, prep.map_pages,
+                          quiet.load_reference(reference, db.params_id(params)))
+        done = rows_from_rounds(results, metas, machine_id, batch_id, params, now, mons)
+        if mons or reference_kernels:
+            quiet.update_reference(reference, pd.DataFrame(done), bench.stable_tol,
+                                   kernels=reference_kernels)
         rows += done
     df = pd.DataFrame(rows)
     return db.conform(df) if len(df) else db.empty_frame()
@@ -197,7 +202,8 @@ def measure_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
                   bench: BenchSettings | Mapping, workdir: Path, harness_bin: Path,
                   batch_id: str, progress: Callable[[str], None] | None = None,
                   skip: set[str] | frozenset[str] = frozenset(),
-                  reference: Path | None = None) -> pd.DataFrame:
+                  reference: Path | None = None,
+                  reference_kernels: bool = False) -> pd.DataFrame:
     """Generate, compile and measure kernels (canonical texts) as one batch; return DB rows
     (:func:`prepare_batch`, then :func:`measure_prepared`). Kernels whose id is in ``skip``
     (already in the database) are not generated and produce no rows."""
@@ -209,11 +215,11 @@ def measure_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
     prep = prepare_batch(todo, forms, machine, bench, Path(workdir) / f"{batch_id}.so",
                          progress)
     return measure_prepared(prep, machine, bench, harness_bin, batch_id, progress,
-                            reference=reference)
+                            reference=reference, reference_kernels=reference_kernels)
 
 
 def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.KernelMeta],
-            bench: BenchSettings, harness_bin: Path, batch_id: str, n_mon: int,
+            bench: BenchSettings, harness_bin: Path, batch_id: str, mons: Sequence[int],
             say: Callable[[str], None], map_pages: int = 0,
             reference: dict[str, float] | None = None) -> list[harness.BatchResult]:
     """The harness's passes over the batch: ``bench.rounds``, then more (up to
@@ -222,7 +228,7 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     monitors against ``reference``, cpumap.measure.quiet) the whole batch is measured again,
     the gap doubled each time (up to :data:`MAX_GAP_S`): a neighbour on the load pipes holds
     for whole seconds. Only rounds short enough for the monitors to speak for the whole round
-    are judged (quiet.JUDGED_ROUND_S). The monitors (the first ``n_mon`` kernels) run in
+    are judged (quiet.JUDGED_ROUND_S). The monitors (the kernels ``mons``) run first in
     every round."""
     t_run = time.monotonic()
     rounds = max(1, bench.rounds)
@@ -258,12 +264,16 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
             break
         # the monitors speak for the kernels measured near them in time: a round much
         # longer than a neighbour's spell (a whole singleton batch, seconds) is not judged
-        todo, slow = _unsettled(results, metas, bench, n_mon, reference,
-                                judge=span <= quiet.JUDGED_ROUND_S)
-        if slow:
+        todo, loud, slow = _unsettled(results, metas, bench, mons, reference,
+                                      judge=span <= quiet.JUDGED_ROUND_S)
+        if loud:
             todo, gap = everything, min(2 * gap, MAX_GAP_S)
-            say(f"{batch_id}: no quiet round yet ({slow}): round {len(results) + 1} for all "
+            say(f"{batch_id}: no quiet round yet ({loud}): round {len(results) + 1} for all "
                 f"{len(todo)} kernels, {gap:.1f} s after the last")
+        elif slow:
+            gap = min(2 * gap, MAX_GAP_S)
+            say(f"{batch_id}: slower than this machine's reference ({slow}): round "
+                f"{len(results) + 1} for {len(todo)} kernel(s), {gap:.1f} s after the last")
         elif not todo:
             break
         else:
@@ -276,44 +286,47 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
 MAX_GAP_S = 2.0
 
 
-def _unsettled(results: list, metas: list, bench: BenchSettings, n_mon: int,
+def _unsettled(results: list, metas: list, bench: BenchSettings, mons: Sequence[int],
                reference: dict[str, float] | None = None,
-               judge: bool = True) -> tuple[list[int], str]:
-    """What the next round measures, and why the whole batch must be measured again ("" when
-    a round was quiet, else which monitor was how slow in every round).
+               judge: bool = True) -> tuple[list[int], str, str]:
+    """What the next round measures, why the whole batch must be measured again ("" when a
+    round was quiet, else which monitor was how slow in every round), and which kernels are
+    still slower than their reference (judged rounds only; "" when none).
 
-    The next round: the kernels whose estimate over the rounds so far is unstable, with the
-    monitors; the monitors alone when only the core clock is unsettled (the fastest
-    calibration chains of the best round not matched by another round: a neighbour slows the
-    add chain too); nothing when everything settled."""
+    The next round: the kernels whose estimate over the rounds so far is unstable or above
+    their reference, with the monitors; the monitors alone when only the core clock is
+    unsettled (the fastest calibration chains of the best round not matched by another
+    round: a neighbour slows the add chain too); nothing when everything settled."""
     df = pd.DataFrame(rows_from_rounds(results, metas, "m", "b", {}, pd.Timestamp(0, tz="UTC"),
-                                       n_mon))
+                                       mons))
     if df.empty or "rep" not in df:
-        return [], ""
+        return [], "", ""
     ok = df[df.status == "ok"]
     ratios = estimate.batch_ratios(ok)
-    if n_mon and judge:
+    if mons and judge:
         per_round = quiet.round_estimates(ok, ratios)
         calm, worst = quiet.quiet_rounds(per_round, reference)
         if not calm and len(per_round):
             return [], ", ".join(f"{k} {100 * v:+.1f} %" for k, v in worst.items()
-                                 if v > quiet.QUIET_TOL)
+                                 if v > quiet.QUIET_TOL), ""
     agg = estimate.aggregate(ok, bench.stable_tol, ratios)
-    bad = set(agg.kernel[agg.unstable])
-    todo = [m.index for m in metas if m.kernel in bad and m.index >= n_mon]
+    above = quiet.above_reference(agg, reference) if judge else {}
+    bad = set(agg.kernel[agg.unstable]) | set(above)
+    todo = [m.index for m in metas if m.kernel in bad and m.index not in mons]
+    slow = ", ".join(f"{k} {100 * v:+.1f} %" for k, v in above.items())
+    if todo:
+        return [*mons, *todo], "", slow
     cal = ok.dropna(subset=["cal1", "cal2"]) if "cal1" in ok else ok.iloc[:0]
     clock = sorted((estimate.calib_ratio(g.cal1.to_numpy(), g.cal2.to_numpy(),
                                          float(g.cal_adds.iat[0]))
                     for _, g in cal.groupby("round")), reverse=True)
-    if todo:
-        return [*range(n_mon), *todo], ""
     if len(clock) >= 2 and clock[0] / clock[1] - 1 > bench.stable_tol / 2:
-        return list(range(n_mon)) or [metas[0].index], ""
-    return [], ""
+        return list(mons) or [metas[0].index], "", ""
+    return [], "", ""
 
 
 def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
-                     n_mon: int = 0) -> list[dict]:
+                     mons: Sequence[int] = ()) -> list[dict]:
     """DB rows of all rounds: a kernel that failed in any round gets one failed row only."""
     failed: dict[int, str] = {}
     for res in results:
@@ -328,24 +341,35 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
             r["rep"] = reps_done.get(i, 0)
             reps_done[i] = r["rep"] + 1
         rows += rows_from_result(dataclasses.replace(res, rows=kept), metas, machine_id,
-                                 batch_id, params, now, n_mon)
+                                 batch_id, params, now, mons)
     clock = results[0].clock if results else ""
     src = results[0].insn_source if results else ""
     by_index = {m.index: m for m in metas}
     for idx, reason in failed.items():
         m = by_index[idx]
         rows.append(_failed_row(machine_id, batch_id, params, m.kernel, m.n_insns, reason, now,
-                                clock, src) | {"role": _role(idx, n_mon)})
+                                clock, src) | {"role": _role(idx, mons)})
     return rows
 
 
-def _role(index: int, n_mon: int) -> str:
-    """The first ``n_mon`` kernels of a batch are its monitors."""
-    return "monitor" if index < n_mon else "kernel"
+def _role(index: int, mons: Sequence[int]) -> str:
+    return "monitor" if index in mons else "kernel"
+
+
+def monitor_indices(n_kernels: int, n_mon: int) -> tuple[int, ...]:
+    """Where a batch's ``n_mon`` monitors sit among its ``n_kernels`` kernels: the integer-add
+    monitor first, the others last. Why not all first: a kernel's measured value depends a
+    little on where its code lies in the shared object (ADD_R64_R64 read 0.2493 cycles, below
+    the 0.25 four ALUs allow, as the third function of a batch, and 0.2500 as the second,
+    2026-11-25: f1 ran 0.7 % slower than half of f2), so the monitors added later keep the
+    kernels where they were."""
+    if n_mon <= 0:
+        return ()
+    return (0, *range(n_kernels - n_mon + 1, n_kernels))
 
 
 def rows_from_result(res, metas, machine_id, batch_id, params, now,
-                     n_mon: int = 0) -> list[dict]:
+                     mons: Sequence[int] = ()) -> list[dict]:
     """DB rows of the measured repetitions of one harness run (failures: rows_from_rounds).
 
     Every repetition is stored as ``ok`` with its raw ticks, even one whose f2 - f1 is not
@@ -383,7 +407,7 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now,
             "cycles_per_instance": cycles / instances, "timestamp": now,
             "cal_adds": int(r["cal_adds"]) if "cal_adds" in r else None,
             "stable": bool(r["stable"]) if "stable" in r else None,
-            "role": _role(int(r["index"]), n_mon), "round": r.get("round"),
+            "role": _role(int(r["index"]), mons), "round": r.get("round"),
         })
     return rows
 

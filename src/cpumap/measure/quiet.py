@@ -91,34 +91,42 @@ def quiet_rounds(per_round: pd.DataFrame, reference: Mapping[str, float] | None 
 
 
 def reference_path(db_dir: Path | str) -> Path:
-    """Where a database's machine keeps its monitor reference: beside the database."""
+    """Where a database's machine keeps its reference values: beside the database."""
     return Path(db_dir).parent / "monitor" / "reference.json"
 
 
-def load_reference(path: Path | str | None) -> dict[str, float]:
-    """The machine's reference value of each monitor (empty without a file, or a bad one:
-    the reference only adds rounds, it never changes a value)."""
+def _key(kernel: str, params_id: str) -> str:
+    return f"{kernel}|{params_id}"
+
+
+def load_reference(path: Path | str | None, params_id: str) -> dict[str, float]:
+    """The machine's reference value of each monitor (and of each kernel `cpumap measure`
+    measured) under the measurement parameters ``params_id``; empty without a file or with a
+    bad one: a reference only ever adds rounds, it never changes a value."""
     if path is None or not Path(path).exists():
         return {}
     try:
         kept = json.loads(Path(path).read_text())
-        return {str(k): float(sorted(v)[min(REFERENCE_RANK, len(v) - 1)])
-                for k, v in kept.items() if v}
+        return {str(k).rpartition("|")[0]: float(sorted(v)[min(REFERENCE_RANK, len(v) - 1)])
+                for k, v in kept.items() if v and str(k).endswith(f"|{params_id}")}
     except (ValueError, TypeError, AttributeError, OSError):
         return {}
 
 
 def update_reference(path: Path | str | None, rows: pd.DataFrame,
-                     stable_tol: float = estimate.STABLE_TOL) -> None:
-    """Add each monitor's estimate over the batch to the machine's reference when it settled
-    (its best round matched by another); written atomically. A slow batch that settled adds a
-    slow value, which the reference's low rank leaves aside."""
+                     stable_tol: float = estimate.STABLE_TOL, kernels: bool = False) -> None:
+    """Add each monitor's estimate over the batch (and with ``kernels`` each measured
+    kernel's) to the machine's reference when it settled (its best round matched by
+    another); written atomically. A slow batch that settled adds a slow value, which the
+    reference's low rank leaves aside."""
     if path is None:
         return
-    mon = rows[(rows.get("role") == "monitor") & (rows["status"] == "ok")]
-    if mon.empty:
+    roles = ("monitor", "kernel") if kernels else ("monitor",)
+    keep = rows[rows.get("role", pd.Series("kernel", index=rows.index)).isin(roles)
+                & (rows["status"] == "ok")]
+    if keep.empty:
         return
-    agg = estimate.aggregate(mon.assign(role="kernel"), stable_tol,
+    agg = estimate.aggregate(keep.assign(role="kernel"), stable_tol,
                              ratios=estimate.batch_ratios(rows))
     settled = agg[~agg["unstable"] & (agg["cycles_per_instance_est"] > 0)]
     if settled.empty:
@@ -128,7 +136,22 @@ def update_reference(path: Path | str | None, rows: pd.DataFrame,
         kept = {str(k): [float(x) for x in v] for k, v in kept.items()}
     except (ValueError, TypeError, AttributeError, OSError):
         kept = {}
-    for k, e in zip(settled["kernel"], settled["cycles_per_instance_est"], strict=True):
-        kept[str(k)] = (kept.get(str(k), []) + [float(e)])[-REFERENCE_KEEP:]
+    for k, p, e in zip(settled["kernel"], settled["params_id"],
+                       settled["cycles_per_instance_est"], strict=True):
+        key = _key(str(k), str(p))
+        kept[key] = (kept.get(key, []) + [float(e)])[-REFERENCE_KEEP:]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(kept, path)
+
+
+def above_reference(agg: pd.DataFrame, reference: Mapping[str, float] | None,
+                    tol: float = QUIET_TOL) -> dict[str, float]:
+    """Kernels (of an ``estimate.aggregate`` table) measured more than ``tol`` slower than
+    their reference, and by how much: interference only slows, so a value above one this
+    machine settled on before is more likely a neighbour than the CPU."""
+    out = {}
+    for k, e in zip(agg["kernel"], agg["cycles_per_instance_est"], strict=True):
+        ref = (reference or {}).get(str(k))
+        if ref and e > 0 and e / ref - 1 > tol:
+            out[str(k)] = float(e / ref - 1)
+    return out
