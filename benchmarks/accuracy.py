@@ -11,7 +11,8 @@ AVX-512 (Zen 3) the ymm form of the FMA stands in for the zmm one.
 
 Checks:
 (a) agreement: cycles of each form vs benchmarks/independent.py in the same run, <= 3 %;
-(b) repeatability: 5 separate invocations per form, (max - min) / min of ``cycles`` <= 1 %;
+(b) repeatability: 5 separate invocations per form, (max - min) / min of ``cycles`` <= 1 %
+    (the invocations cpumap flagged itself, unstable or slower than a reference, are named);
 (c) linearity: cycles(A*2) / cycles(A) within 1 % of 2;
 (d) pairs: cycles(A B) >= max(cycles(A), cycles(B)) * 0.99.
 """
@@ -50,6 +51,9 @@ class Runner:
         if repeat:
             self.base += ["--repeat", str(repeat)]
         self.memo: dict[tuple[str, ...], float | None] = {}
+        #: invocations cpumap itself flagged (unstable, no quiet round, above the kernel's
+        #: reference): what a user would have been warned about
+        self.flagged: dict[tuple[str, ...], list[float]] = {}
 
     def fresh(self, instrs: list[str]) -> float | None:
         """One new invocation; None (reported as FAIL) if cpumap fails."""
@@ -58,7 +62,10 @@ class Runner:
             print(f"  cpumap failed on {' '.join(instrs)}: {proc.stderr.strip()[-300:]}",
                   file=sys.stderr)
             return None
-        return float(json.loads(proc.stdout)["cycles"])
+        out = json.loads(proc.stdout)
+        if out.get("unstable") or out.get("quiet_rounds") == 0 or out.get("above_reference"):
+            self.flagged.setdefault(tuple(instrs), []).append(float(out["cycles"]))
+        return float(out["cycles"])
 
     def cycles(self, instrs: list[str]) -> float | None:
         """Memoised: the same kernel is measured once across sections (a), (c) and (d)."""
@@ -84,10 +91,14 @@ def repeatability(run: Runner, n: int) -> list[dict]:
         ok = spread is not None and spread <= 0.01
         if good:
             run.memo[(form,)] = good[len(good) // 2]
-        rows.append({"kernel": form, "cycles": vals, "spread": spread, "pass": ok})
+        flagged = run.flagged.get((form,), [])
+        rows.append({"kernel": form, "cycles": vals, "spread": spread, "pass": ok,
+                     "flagged": flagged})
+        note = f"  (flagged by cpumap: {', '.join(f'{v:.4f}' for v in flagged)})" \
+            if flagged else ""
         print(f"  {form:<26} min {fmt(min(good, default=None))}  "
               f"max {fmt(max(good, default=None))}  spread {fmt(spread, '.3%'):>7}  "
-              f"{'PASS' if ok else 'FAIL'}")
+              f"{'PASS' if ok else 'FAIL'}{note}")
     return rows
 
 
