@@ -108,18 +108,23 @@ def scripted_harness(monkeypatch, slow_rounds: int, slowed: tuple[int, ...] = (1
     return calls, metas
 
 
+def run_rounds(metas, reference) -> tuple[list[str], pd.DataFrame, pd.Series]:
+    """The batch's rounds on the scripted harness: progress lines, rows, and the measured
+    kernel's aggregate."""
+    bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
+    said: list[str] = []
+    results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", (0, 1),
+                            said.append, reference=reference)
+    rows = pd.DataFrame(batch.rows_from_rounds(results, metas, "m", "b", {},
+                                               pd.Timestamp(0, tz="UTC"), (0, 1)))
+    return said, rows, estimate.aggregate(rows).set_index("kernel").loc["IMUL_R64_R64"]
+
+
 @pytest.mark.parametrize("reference", [False, True])
 def test_the_whole_batch_is_measured_again_until_a_round_is_quiet(monkeypatch, reference):
     calls, metas = scripted_harness(monkeypatch, slow_rounds=3)
-    bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
-    said: list[str] = []
-    ref = {ADD: 0.25, MOV: 0.3333} if reference else None
-    results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", (0, 1),
-                            said.append, reference=ref)
-    rows = pd.DataFrame(batch.rows_from_rounds(results, metas, "m", "b", {},
-                                               pd.Timestamp(0, tz="UTC"), (0, 1)))
+    said, rows, got = run_rounds(metas, {ADD: 0.25, MOV: 0.3333} if reference else None)
     assert set(rows.loc[rows.kernel.isin([ADD, MOV]), "role"]) == {"monitor"}
-    got = estimate.aggregate(rows).set_index("kernel").loc["IMUL_R64_R64"]
     if not reference:
         # three slow rounds agree with each other: settled, and 4 % slow
         assert calls == [[0, 1, 2]] * 3
@@ -150,14 +155,8 @@ def test_a_kernel_slower_than_its_reference_is_measured_again(monkeypatch, known
     agree at 4 % above the value this machine settled on before, with quiet monitors, are
     measured again (the kernel, with the monitors) until it comes back."""
     calls, metas = scripted_harness(monkeypatch, slow_rounds=3, slowed=(2,))
-    bench = BenchSettings(rounds=3, max_rounds=8, round_gap_ms=0)
-    said: list[str] = []
-    ref = {ADD: 0.25, MOV: 0.3333} | ({"IMUL_R64_R64": 1.0} if known else {})
-    results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", (0, 1),
-                            said.append, reference=ref)
-    rows = pd.DataFrame(batch.rows_from_rounds(results, metas, "m", "b", {},
-                                               pd.Timestamp(0, tz="UTC"), (0, 1)))
-    got = estimate.aggregate(rows).set_index("kernel").loc["IMUL_R64_R64"]
+    said, _, got = run_rounds(
+        metas, {ADD: 0.25, MOV: 0.3333} | ({"IMUL_R64_R64": 1.0} if known else {}))
     if not known:
         assert calls == [[0, 1, 2]] * 3
         assert got.cycles_per_instance_est == pytest.approx(1.04, rel=0.002)

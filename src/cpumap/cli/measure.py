@@ -20,8 +20,8 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
               reference: dict[str, float] | None = None) -> dict:
     """The JSON of ``cpumap measure``; ``recent``: other rows of this machine measured lately,
     whose calibration samples join the batch's (cpumap.measure.estimate.batch_ratios);
-    ``reference``: the machine's monitor reference, against which the rounds are judged
-    quiet (cpumap.measure.quiet)."""
+    ``reference``: the machine's reference values (cpumap.measure.quiet): the monitors',
+    against which the rounds are judged quiet, and the kernel's own."""
     import pandas as pd
 
     from cpumap.measure import asmgen, estimate, quiet

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cpumap.evaluate.suite import PROCESS_AGREE, process_spread
 from cpumap.model import validation
 
 __all__ = [
@@ -40,11 +41,6 @@ __all__ = [
     "split_benchmark",
     "suite_forms",
 ]
-
-
-#: The two fastest driver processes further apart than this: the measured cycles never
-#: settled (cpumap.evaluate.suite.PROCESS_AGREE, the same 1 %).
-UNSETTLED = 0.01
 
 
 def split_benchmark(benchmark: str) -> tuple[str, str]:
@@ -191,11 +187,8 @@ def load_cycles(paths: list[str | Path]) -> dict[str, float]:
 def load_spreads(paths: list[str | Path]) -> dict[str, float]:
     """How far apart the two fastest driver processes' minima were, relative, per benchmark
     (cpumap.evaluate.suite.run_driver; 0 for one process or an older file without them)."""
-    out = {}
-    for b, obj in _cycle_files(paths):
-        best = sorted(float(c) for c in obj.get("process_cycles_min") or [])
-        out[b] = best[1] / best[0] - 1 if len(best) >= 2 and best[0] > 0 else 0.0
-    return out
+    return {b: process_spread(obj.get("process_cycles_min") or [])
+            for b, obj in _cycle_files(paths)}
 
 
 def _cycle_files(paths: list[str | Path]):
@@ -257,7 +250,7 @@ def summary(kernels: pd.DataFrame, residency: Mapping[str, Mapping],
         "instructions_equal_cachegrind": int((base.cachegrind_instructions
                                               == base.instructions).sum()),
         "unsettled": {r.benchmark: float(r.cycles_spread) for r in base.itertuples()
-                      if r.cycles_spread > UNSETTLED},
+                      if r.cycles_spread > PROCESS_AGREE},
         "d1_miss_rate_max_checked": float(base.loc[base.cachegrind == "ok", "d1_miss_rate"].max())
         if (base.cachegrind == "ok").any() else math.nan,
     }

@@ -26,7 +26,7 @@ import pandas as pd  # noqa: E402
 
 from cpumap.evaluate.corpus import COMMON  # noqa: E402
 from cpumap.evaluate.coverage import Coverage  # noqa: E402
-from cpumap.evaluate.lift import UNSETTLED  # noqa: E402
+from cpumap.evaluate.suite import PROCESS_AGREE  # noqa: E402
 from cpumap.store.files import write_bytes_atomic, write_text_atomic  # noqa: E402
 
 __all__ = ["Section", "build_report", "figure_html", "fragment_section", "table_html",
@@ -184,7 +184,7 @@ def _metrics_section(metrics: pd.DataFrame, analyzers: Mapping[str, Mapping]) ->
 
 def _unsettled(r) -> str:
     spread = float(getattr(r, "cycles_spread", math.nan))
-    if not spread > UNSETTLED:
+    if not spread > PROCESS_AGREE:
         return ""
     return (f' <span class="fail" title="the two fastest driver processes were '
             f'{100 * spread:.1f} % apart">(unsettled)</span>')
@@ -389,7 +389,7 @@ def residency_note(summary: Mapping) -> str:
     unsettled = summary.get("unsettled") or {}
     if unsettled:
         text += (f" Measured cycles never settled for {len(unsettled)} benchmarks (the two "
-                 f"fastest driver processes more than 1 % apart: "
+                 f"fastest driver processes more than {100 * PROCESS_AGREE:g} % apart: "
                  + ", ".join(f"{esc(b)} {100 * v:.1f} %" for b, v in sorted(unsettled.items()))
                  + "); they are kept, their measured IPC is the fastest process's.")
     return text

@@ -180,10 +180,16 @@ def measure_kernel(binary: Path | str, n: int | None = None, reps: int = 10, col
     return run_driver(binary, driver_args(n, reps, cold, cpu, min_ticks), timeout, processes)
 
 
+def process_spread(minima: list[float]) -> float:
+    """How far apart the two fastest processes' minima are, relative (0 for one process:
+    nothing to disagree with)."""
+    best = sorted(float(c) for c in minima)
+    return best[1] / best[0] - 1 if len(best) >= 2 and best[0] > 0 else 0.0
+
+
 def _settled(runs: list[dict]) -> bool:
-    """The two fastest processes agree (one process has nothing to agree with)."""
-    best = sorted(r["cycles_min"] for r in runs)
-    return len(best) < 2 or best[1] <= best[0] * (1 + PROCESS_AGREE)
+    """The two fastest processes agree within PROCESS_AGREE."""
+    return process_spread([r["cycles_min"] for r in runs]) <= PROCESS_AGREE
 
 
 def run_driver(binary: Path | str, args: list[str], timeout: float,

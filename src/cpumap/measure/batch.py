@@ -29,8 +29,8 @@ from cpumap.store import db
 #: The noise monitor the report shows: measured first in every batch, so that the report can
 #: show how quiet the host was over a run. Integer adds on all four ALUs are what a neighbour
 #: on the same core slows down most (docs/measurement.md); its estimate should stay at 0.25
-#: cycles on Zen 3/4 while its median repetition shows the neighbour. The load monitor after
-#: it (quiet.MONITOR_KERNELS) shows what the adds cannot: a neighbour on the load pipes.
+#: cycles on Zen 3/4 while its median repetition shows the neighbour. The load monitor
+#: (quiet.MONITOR_KERNELS) shows what the adds cannot: a neighbour on the load pipes.
 MONITOR_KERNEL = quiet.MONITOR_KERNELS[0]
 
 
@@ -113,9 +113,12 @@ def prepare_batch(kernels: list[str], forms: pd.DataFrame, machine: dict,
     monitors = [k for k in quiet.MONITOR_KERNELS if k in ok_forms] \
         if bench.monitor and good else []
     if monitors:
-        # the noise references go first: how quiet the host was while this batch ran
+        # the noise references: how quiet the host was while this batch ran
         specs |= _specs(forms, monitors)
-        good = [{monitors[0]: 1}, *good, *({k: 1} for k in monitors[1:])]
+        n = len(good) + len(monitors)
+        at = dict(zip(monitor_indices(n, len(monitors)), monitors, strict=True))
+        rest = iter(good)
+        good = [{at[i]: 1} if i in at else next(rest) for i in range(n)]
     t0 = time.monotonic()
     # an empty batch too (every kernel already in the database, or none measurable): the
     # shared object is a rule's output, and the harness runs a batch of no kernels

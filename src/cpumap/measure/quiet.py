@@ -19,10 +19,11 @@ kept in a small JSON file beside the database (without it a batch whose every ro
 would look quiet to itself). A batch whose rounds are short measures more rounds, further
 apart, until one is quiet (cpumap.measure.batch); the rounds that were not stay in the
 database, and the estimate, which takes each kernel's fastest cluster over all rounds, finds
-the quiet round's calls. What this does not catch: spells shorter than a round. With a busy
-loop on the other vCPU the loads' spells last milliseconds, and a monitor measured quiet can
-sit next to a kernel measured slow in the same round; then only more rounds (the kernel's
-uncertainty, cpumap.measure.estimate) help.
+the quiet round's calls. What the monitors do not catch: spells shorter than a round. With a
+busy loop on the other vCPU the loads' spells last milliseconds, and a monitor measured quiet
+can sit next to a kernel measured slow in the same round; for that `cpumap measure` also
+keeps each kernel's own settled values in the same file and measures a kernel again while it
+is slower than them (:func:`above_reference`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import pandas as pd
 from cpumap.measure import estimate
 from cpumap.store.files import write_json_atomic
 
-#: The monitors, in the order they lead every native batch: integer adds on the four ALUs
+#: The monitors, in the order they are measured first in every round (where they lie in the
+#: shared object: cpumap.measure.batch.monitor_indices): integer adds on the four ALUs
 #: (what a neighbour's integer work slows) and 64-bit loads on the load pipes (what a
 #: neighbour's memory work slows, and the adds do not show).
 MONITOR_KERNELS = ("ADD_R64_R64", "MOV_R64_M64")
@@ -103,12 +105,17 @@ def load_reference(path: Path | str | None, params_id: str) -> dict[str, float]:
     """The machine's reference value of each monitor (and of each kernel `cpumap measure`
     measured) under the measurement parameters ``params_id``; empty without a file or with a
     bad one: a reference only ever adds rounds, it never changes a value."""
+    return {k.rpartition("|")[0]: sorted(v)[min(REFERENCE_RANK, len(v) - 1)]
+            for k, v in _kept(path).items() if v and k.endswith(f"|{params_id}")}
+
+
+def _kept(path: Path | str | None) -> dict[str, list[float]]:
+    """The reference file's values per key; empty without a file or with a damaged one."""
     if path is None or not Path(path).exists():
         return {}
     try:
-        kept = json.loads(Path(path).read_text())
-        return {str(k).rpartition("|")[0]: float(sorted(v)[min(REFERENCE_RANK, len(v) - 1)])
-                for k, v in kept.items() if v and str(k).endswith(f"|{params_id}")}
+        return {str(k): [float(x) for x in v]
+                for k, v in json.loads(Path(path).read_text()).items()}
     except (ValueError, TypeError, AttributeError, OSError):
         return {}
 
@@ -131,11 +138,7 @@ def update_reference(path: Path | str | None, rows: pd.DataFrame,
     settled = agg[~agg["unstable"] & (agg["cycles_per_instance_est"] > 0)]
     if settled.empty:
         return
-    try:
-        kept = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-        kept = {str(k): [float(x) for x in v] for k, v in kept.items()}
-    except (ValueError, TypeError, AttributeError, OSError):
-        kept = {}
+    kept = _kept(path)
     for k, p, e in zip(settled["kernel"], settled["params_id"],
                        settled["cycles_per_instance_est"], strict=True):
         key = _key(str(k), str(p))
