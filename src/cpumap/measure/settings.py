@@ -37,6 +37,7 @@ class BenchSettings:
     kcalib_adds: int = 50_000
     rounds: int = 3
     max_rounds: int = 8
+    settle_s: float = 10.0
     round_gap_ms: float = 300.0
     warmup: int = 2
     arena_bytes: int = 4096
