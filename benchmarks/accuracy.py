@@ -52,8 +52,8 @@ class Runner:
             self.base += ["--repeat", str(repeat)]
         self.memo: dict[tuple[str, ...], float | None] = {}
         #: invocations cpumap itself flagged (unstable, no quiet round, above the kernel's
-        #: reference): what a user would have been warned about
-        self.flagged: dict[tuple[str, ...], list[float]] = {}
+        #: reference), with why: what a user would have been warned about
+        self.flagged: dict[tuple[str, ...], list[tuple[float, str]]] = {}
 
     def fresh(self, instrs: list[str]) -> float | None:
         """One new invocation; None (reported as FAIL) if cpumap fails."""
@@ -63,8 +63,12 @@ class Runner:
                   file=sys.stderr)
             return None
         out = json.loads(proc.stdout)
-        if out.get("unstable") or out.get("quiet_rounds") == 0 or out.get("above_reference"):
-            self.flagged.setdefault(tuple(instrs), []).append(float(out["cycles"]))
+        why = [w for w, flag in (("unstable", out.get("unstable")),
+                                 ("no quiet round", out.get("quiet_rounds") == 0),
+                                 ("above reference", out.get("above_reference"))) if flag]
+        if why:
+            self.flagged.setdefault(tuple(instrs), []).append(
+                (float(out["cycles"]), f"{', '.join(why)}, {out.get('rounds')} rounds"))
         return float(out["cycles"])
 
     def cycles(self, instrs: list[str]) -> float | None:
@@ -94,7 +98,7 @@ def repeatability(run: Runner, n: int) -> list[dict]:
         flagged = run.flagged.get((form,), [])
         rows.append({"kernel": form, "cycles": vals, "spread": spread, "pass": ok,
                      "flagged": flagged})
-        note = f"  (flagged by cpumap: {', '.join(f'{v:.4f}' for v in flagged)})" \
+        note = f"  (flagged by cpumap: {'; '.join(f'{v:.4f} {w}' for v, w in flagged)})" \
             if flagged else ""
         print(f"  {form:<26} min {fmt(min(good, default=None))}  "
               f"max {fmt(max(good, default=None))}  spread {fmt(spread, '.3%'):>7}  "
