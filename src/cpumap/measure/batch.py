@@ -242,8 +242,9 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     for a warning. A ``patient`` batch (`cpumap measure`: one kernel a user asked for) also
     spends the budget on a kernel only unstable: the first measurement of a kernel has no
     reference of its own, and a neighbour on pipes no monitor uses shows only as rounds that
-    disagree (VPADDD ymm, 2026-11-25: one invocation in five at 0.2551, unstable after eight
-    rounds, against 0.2500). The monitors (the kernels ``mons``) run first in every round."""
+    disagree (VPADDD ymm, 2026-11-25, a fresh results directory: one invocation in five at
+    0.2551, flagged, against 0.2500). The monitors (the kernels ``mons``) run first in every
+    round."""
     t_run = time.monotonic()
     rounds = max(1, bench.rounds)
     everything = list(todo)
