@@ -12,7 +12,8 @@ AVX-512 (Zen 3) the ymm form of the FMA stands in for the zmm one.
 Checks:
 (a) agreement: cycles of each form vs benchmarks/independent.py in the same run, <= 3 %;
 (b) repeatability: 5 separate invocations per form, (max - min) / min of ``cycles`` <= 1 %
-    (the invocations cpumap flagged itself, unstable or slower than a reference, are named);
+    (the invocations cpumap flagged itself are named, with why: unstable, no quiet round,
+    slower than its reference);
 (c) linearity: cycles(A*2) / cycles(A) within 1 % of 2;
 (d) pairs: cycles(A B) >= max(cycles(A), cycles(B)) * 0.99.
 """

@@ -18,13 +18,13 @@ the batch's own rounds and of the machine's reference, the lower quartile of the
 settled monitor estimates kept in a small JSON file beside the database (without it a batch
 whose every round was slow would look quiet to itself). A batch whose rounds are short
 measures more rounds, further apart, until one is quiet or its time budget is spent
-(cpumap.measure.batch); the rounds that were not stay in the
-database, and the estimate, which takes each kernel's fastest cluster over all rounds, finds
-the quiet round's calls. What the monitors do not catch: spells shorter than a round. With a
-busy loop on the other vCPU the loads' spells last milliseconds, and a monitor measured quiet
-can sit next to a kernel measured slow in the same round; for that `cpumap measure` also
-keeps each kernel's own settled values in the same file and measures a kernel again while it
-is more than :data:`KERNEL_TOL` slower than them (:func:`above_reference`).
+(cpumap.measure.batch); the rounds that were not stay in the database, and the estimate,
+which takes each kernel's fastest cluster over all rounds, finds the quiet round's calls.
+What the monitors do not catch: spells shorter than a round. With a busy loop on the other
+vCPU the loads' spells last milliseconds, and a monitor measured quiet can sit next to a
+kernel measured slow in the same round; for that `cpumap measure` also keeps each kernel's
+own settled values in the same file and measures a kernel again while it is more than
+:data:`KERNEL_TOL` slower than them (:func:`above_reference`).
 """
 
 from __future__ import annotations
