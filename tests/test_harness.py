@@ -67,13 +67,17 @@ def test_build_reuses_binary_and_version_is_a_hash(build, tmp_path):
 
 
 def test_add_chain_runs_at_one_cycle_per_add(build):
-    # The fastest of 3 harness processes: on this shared host a whole process sometimes runs
-    # slow (suite.run_driver), and the typical-repetition check below would see it.
+    # 3 harness processes. On a shared host a whole process sometimes runs slow
+    # (suite.run_driver), and the typical-repetition check below takes the fastest process.
+    # The cycles-per-add checks take the median process: one process's TSC calibration can be
+    # several percent low (Zen 3 guest, 2026-11-25: in 3 of 57 runs of this test the fastest
+    # of the 3 processes put the add chain at 0.93-0.94 cycles per add), and the
+    # fastest-looking process is the one most likely to be.
     runs = [harness.run_batch(build["addchain"], 2, reps=9, warmup=2, cpu=None, timeout_s=5,
                               harness_bin=build["bin"]) for _ in range(3)]
-    res = min(runs, key=_typical_per_add)
+    assert all(r.failures == {} and r.restarts == 0 for r in runs)
+    res = sorted(runs, key=lambda r: _per_add(_rows_by_kernel(r)[0]))[1]
     _check_clock(res)
-    assert res.failures == {} and res.restarts == 0
     by = _rows_by_kernel(res)
     assert sorted(by) == [0, 1] and all(len(rows) == 9 for rows in by.values())
     assert [r["rep"] for r in by[0]] == list(range(9))
@@ -87,7 +91,7 @@ def test_add_chain_runs_at_one_cycle_per_add(build):
     assert per_add[0] == pytest.approx(1.0, abs=0.05)
     assert per_add[1] == pytest.approx(0.5, abs=0.05)
     # The typical repetition is in the right neighbourhood too.
-    assert 0.8 < _typical_per_add(res) < 1.3
+    assert 0.8 < min(map(_typical_per_add, runs)) < 1.3
 
 
 def test_faulting_kernels_fail_and_the_rest_are_measured(build):
@@ -126,6 +130,34 @@ def test_supervisor_survives_kernels_that_kill_the_harness(build):
     assert sorted(by) == [0, 2, 4, 6] and all(len(rows) == 2 for rows in by.values())
     assert seen == list(range(1, 8))
     assert all(r["calib_ratio"] > 0 for r in res.rows)
+
+
+def test_long_kernel_lists_go_to_several_processes(build, monkeypatch):
+    """A scattered list longer than one process takes (the 128 KiB argument limit) is measured
+    in order by consecutive harness processes, across a fault and a crash."""
+    monkeypatch.setattr(harness, "MAX_LISTED_KERNELS", 2)
+    cmds: list[list[str]] = []
+    run_segment = harness._run_segment
+
+    def recording(cmd, *args, **kwargs):
+        cmds.append(cmd)
+        return run_segment(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "_run_segment", recording)
+    res = harness.run_batch(build["faults"], 13, reps=2, warmup=1, cpu=None, timeout_s=2,
+                            harness_bin=build["bin"], indices=[12, 8, 0, 2, 4, 1])
+    assert [c[c.index("--kernels") + 1] for c in cmds] == ["12,8", "0,2", "4,1"]
+    assert res.failures == {1: "SIGILL"} and res.restarts == 0
+    assert list(dict.fromkeys(r["index"] for r in res.rows)) == [12, 8, 0, 2, 4]
+    assert all(len(rows) == 2 for rows in _rows_by_kernel(res).values())
+
+    cmds.clear()
+    res = harness.run_batch(build["crash"], 7, reps=2, warmup=1, cpu=None, timeout_s=0.3,
+                            harness_bin=build["bin"], indices=[6, 3, 0, 2],
+                            watchdog_margin_s=0.5)
+    assert [c[c.index("--kernels") + 1] for c in cmds] == ["6,3", "0,2"]
+    assert res.failures == {3: "harness crashed: exit status 7"} and res.restarts == 1
+    assert list(dict.fromkeys(r["index"] for r in res.rows)) == [6, 0, 2]
 
 
 def test_subrange_and_cli_errors(build):

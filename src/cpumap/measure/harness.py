@@ -49,6 +49,11 @@ def _source_hash(*paths: Path) -> str:
 HARNESS_VERSION = _source_hash(HARNESS_SRC, CLOCK_HEADER)
 
 CLOCKS = ("auto", "tsc", "papi")
+#: Kernels one harness process gets as a ``--kernels`` list; the rest go to the next process.
+#: Linux caps each command-line argument at 128 KiB (MAX_ARG_STRLEN), and a refinement round
+#: of the full profile re-measured 78,684 scattered kernels of one batch: "Argument list too
+#: long". 10,000 indices below 10^6 take at most 70 KB.
+MAX_LISTED_KERNELS = 10_000
 CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra")
 LIBS = ("-lpapi", "-ldl", "-lm")
 WATCHDOG_MARGIN_S = 5.0
@@ -429,14 +434,15 @@ def run_batch(
     if any(not 0 <= i < n_kernels for i in todo):
         raise ValueError(f"kernel indices outside 0..{n_kernels - 1}: {todo}")
     while True:
-        seg = _Segment(order=todo)
-        cmd = [str(binary), "--so", str(so_path), "--reps", str(reps), "--warmup", str(warmup),
-               "--timeout-ms", str(max(1, round(timeout_s * 1000))), "--clock", clock]
         if not todo or todo == list(range(todo[0], todo[0] + len(todo))):
-            start = todo[0] if todo else n_kernels
-            cmd += ["--start", str(start), "--count", str(len(todo))]
+            part = todo
+            where = ["--start", str(todo[0] if todo else n_kernels), "--count", str(len(todo))]
         else:
-            cmd += ["--kernels", ",".join(map(str, todo))]
+            part = todo[:MAX_LISTED_KERNELS]
+            where = ["--kernels", ",".join(map(str, part))]
+        seg = _Segment(order=part)
+        cmd = [str(binary), "--so", str(so_path), "--reps", str(reps), "--warmup", str(warmup),
+               "--timeout-ms", str(max(1, round(timeout_s * 1000))), "--clock", clock, *where]
         if cpu is not None:
             cmd += ["--cpu", str(cpu)]
         if calib_adds is not None:
@@ -476,7 +482,10 @@ def run_batch(
         if seg.done:
             if returncode != 0:
                 raise HarnessError(f"{binary}: done line but {_describe_exit(returncode or 0)}")
-            break
+            todo = todo[len(part):]
+            if not todo:
+                break
+            continue
         # Abnormal end: blame the kernel in flight and go on after it.  When no kernel was in
         # flight (it died after the last one) the restart with --count 0 only recalibrates.
         if seg.next_index is not None:
@@ -488,7 +497,7 @@ def run_batch(
             on_kernel()
             todo = todo[seg.pos + 1:]
         else:
-            todo = []
+            todo = todo[len(part):]
         result.restarts += 1
         if result.restarts > n_kernels + 1:
             raise HarnessError(f"{binary} keeps dying on {so_path}: {err.strip()}")
