@@ -283,3 +283,32 @@ def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):
     assert m.again(["A"], "repeat-other") == {}  # nothing of that stage, measuring off
     with pytest.raises(ValueError, match="repeat"):
         m.again(["A"], "validation-s1")
+
+
+def test_a_large_request_is_measured_and_stored_in_several_batches(tmp_path, monkeypatch):
+    """More kernels than MEASURE_CHUNK go to consecutive batches, each stored as it ends (the
+    memory of one batch's rows stays bounded), with the estimates one batch gives."""
+    import json
+
+    from cpumap.measure import backend
+    from cpumap.measure.settings import BenchSettings
+    from cpumap.model.portmap import synthetic_mapping
+    from cpumap.model.simulate import SimulatedMachine
+    from cpumap.store import db
+
+    path = tmp_path / "sim.json"
+    path.write_text(json.dumps(synthetic_mapping(5, 6, seed=0)))
+    sim = SimulatedMachine(path, noise=0.02, seed=3)
+    kernels = [f"{f}*{n}" if n > 1 else f for f in sim.forms for n in (1, 2)][:5]
+
+    def measurer(where: str) -> backend.Measurer:
+        return backend.Measurer({"machine_id": "sim"}, pd.DataFrame(), BenchSettings(),
+                                tmp_path / where, tmp_path / "work", sim=sim)
+
+    whole = measurer("one").measure(kernels, stage="s")
+    monkeypatch.setattr(backend, "MEASURE_CHUNK", 2)
+    chunked = measurer("three")
+    assert chunked.measure(kernels, stage="s") == whole and len(whole) == 5
+    assert len(db.part_paths(tmp_path / "three")) == 3 and chunked.measured_now == 5
+    assert len(db.part_paths(tmp_path / "one")) == 1
+    assert measurer("three").measure(kernels, stage="s") == whole  # from the database
