@@ -49,10 +49,8 @@ def _source_hash(*paths: Path) -> str:
 HARNESS_VERSION = _source_hash(HARNESS_SRC, CLOCK_HEADER)
 
 CLOCKS = ("auto", "tsc", "papi")
-#: Kernels one harness process gets as a ``--kernels`` list; the rest go to the next process.
-#: Linux caps each command-line argument at 128 KiB (MAX_ARG_STRLEN), and a refinement round
-#: of the full profile re-measured 78,684 scattered kernels of one batch: "Argument list too
-#: long". 10,000 indices below 10^6 take at most 70 KB.
+#: Kernels one harness process gets as a ``--kernels`` list, the rest going to the next: Linux
+#: caps an argument at 128 KiB (a full-profile round re-measured 78,684 kernels of one batch).
 MAX_LISTED_KERNELS = 10_000
 CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra")
 LIBS = ("-lpapi", "-ldl", "-lm")
@@ -434,21 +432,16 @@ def run_batch(
     if any(not 0 <= i < n_kernels for i in todo):
         raise ValueError(f"kernel indices outside 0..{n_kernels - 1}: {todo}")
     while True:
-        if not todo or todo == list(range(todo[0], todo[0] + len(todo))):
-            part = todo
-            where = ["--start", str(todo[0] if todo else n_kernels), "--count", str(len(todo))]
-        else:
-            part = todo[:MAX_LISTED_KERNELS]
-            where = ["--kernels", ",".join(map(str, part))]
+        contiguous = not todo or todo == list(range(todo[0], todo[0] + len(todo)))
+        part = todo if contiguous else todo[:MAX_LISTED_KERNELS]
+        where = (["--start", str(todo[0] if todo else n_kernels), "--count", str(len(todo))]
+                 if contiguous else ["--kernels", ",".join(map(str, part))])
         seg = _Segment(order=part)
         cmd = [str(binary), "--so", str(so_path), "--reps", str(reps), "--warmup", str(warmup),
                "--timeout-ms", str(max(1, round(timeout_s * 1000))), "--clock", clock, *where]
-        if cpu is not None:
-            cmd += ["--cpu", str(cpu)]
-        if calib_adds is not None:
-            cmd += ["--calib-adds", str(calib_adds)]
-        if call_us > 0:
-            cmd += ["--call-us", str(int(call_us))]
+        cmd += ["--cpu", str(cpu)] if cpu is not None else []
+        cmd += ["--calib-adds", str(calib_adds)] if calib_adds is not None else []
+        cmd += ["--call-us", str(int(call_us))] if call_us > 0 else []
         cmd += ["--max-reps", str(max(reps, max_reps)), "--stable-ppm",
                 str(round(stable_tol * 1e6)), "--budget-ms", str(round(budget_ms)),
                 "--calib-every", str(calib_every), "--kcalib-adds", str(kcalib_adds)]
@@ -482,8 +475,7 @@ def run_batch(
         if seg.done:
             if returncode != 0:
                 raise HarnessError(f"{binary}: done line but {_describe_exit(returncode or 0)}")
-            todo = todo[len(part):]
-            if not todo:
+            if not (todo := todo[len(part):]):
                 break
             continue
         # Abnormal end: blame the kernel in flight and go on after it.  When no kernel was in
