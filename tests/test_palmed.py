@@ -180,6 +180,23 @@ def test_acceptance_two_percent_noise(machine, tmp_path) -> None:
     assert stats["n_resources"] == stats["n_core_resources"]
 
 
+def test_interacting_pairs_come_from_measured_balanced_pairs_only() -> None:
+    """Only a measured *balanced* pair of two known forms tells a pair's sharing: the same two
+    forms in other proportions, with a third form, with an unknown form or unmeasured (NaN)
+    say nothing, however slow."""
+    t = {"A": 1.0, "B": 0.5, "C": 1.0, "D": 1.0}
+    meas = {
+        canonical({"A": 1, "B": 2}): 4.5,         # balanced, sharing (4.5 - 1) / 1 = 3.5
+        canonical({"A": 1, "C": 1}): 1.5,         # balanced, sharing 0.5: a resource model
+        canonical({"C": 3, "D": 1}): 20.0,        # not balanced (C*1 D*1 is)
+        canonical({"B": 2, "C": 1, "D": 1}): 30.0,  # three forms
+        canonical({"D": 1, "X": 1}): 30.0,        # X has no singleton
+        canonical({"B": 2, "D": 1}): float("nan"),
+    }
+    assert palmed.interacting_pairs(t, meas, tol=0.02) == {frozenset(("A", "B"))}
+    assert palmed.interacting_pairs({"A": 1.0, "C": 1.0}, meas, tol=0.02) == set()
+
+
 def test_interacting_pair_stays_out_of_the_model(tmp_path) -> None:
     """A pair of forms that is slower together than in sequence (a dependence that the
     generated code creates between them, as legacy-SSE and 512-bit forms on Zen 4) defines no

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from cpumap.measure.asmgen import canonical
+from cpumap.measure.asmgen import canonical, parse_canonical
 from cpumap.model.palmed.config import (
     INTERACT_TOLS,
     SUPERADD_TOLS,
@@ -163,13 +163,22 @@ def interacting_pairs(singletons: Mapping[str, float], meas: Measurements, tol: 
     registers that 512-bit forms wrote), or memory ordering (a read-modify-write store among
     other stores). See the module docstring for what they did to the model on Zen 4.
     """
-    forms = sorted(singletons)
     out: set[frozenset[str]] = set()
-    for i, a in enumerate(forms):
-        for b in forms[i + 1:]:
-            s = sharing(a, b, singletons, meas, max_mult)
-            if s is not None and _interacts(s, tol):
-                out.add(frozenset((a, b)))
+    # the measured kernels of two forms, not every pair of forms: the pairs are quadratic
+    # (4 million for 2,837 forms, 2-3 min a call, called at every step of the refinement)
+    # and only a few thousand of them are ever measured
+    for text in meas:
+        if text.count(" ") != 1:
+            continue
+        k = parse_canonical(text)
+        if len(k) != 2 or not all(f in singletons for f in k):
+            continue
+        a, b = sorted(k)
+        if k != pair_kernel(a, singletons[a], b, singletons[b], max_mult):
+            continue
+        s = sharing(a, b, singletons, meas, max_mult)
+        if s is not None and _interacts(s, tol):
+            out.add(frozenset((a, b)))
     return out
 
 
