@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -321,3 +322,28 @@ def test_parallel_per_form_lps_give_the_same_model(tmp_path, monkeypatch) -> Non
         models.append(out.read_bytes())
         assert stats["lp"]["remaining"]["solves"] > 0
     assert models[0] == models[1] and forked  # the second build did fork
+
+
+def test_joint_refit_cutting_plane_gives_the_full_lp(tmp_path, monkeypatch) -> None:
+    """The joint refit adds its upper bounds as solutions break them; the model equals the one
+    of the LP built with every bound from the start (POLISH_NEAR = 0), on a noisy machine."""
+    from cpumap.model.palmed import forms as F
+    from cpumap.model.palmed import refit
+    path = tmp_path / "synthetic-6p-40f.json"
+    path.write_text(json.dumps(synthetic_mapping(6, 40, seed=3)))
+    sim = SimulatedMachine(path, noise=0.02, seed=3)
+    cfg = palmed.PalmedConfig(tol=0.07, seed=3)
+    preds, bounds = [], []
+    kernels = held_out(sim.forms, 300, seed=5)
+    for near in (0.0, refit.POLISH_NEAR):
+        F._FITS.clear()
+        monkeypatch.setattr(refit, "POLISH_NEAR", near)
+        lines: list[str] = []
+        model, _ = build_model(sim.forms, sim.measure, config=cfg, log=lines.append)
+        preds.append(np.array([resmodel.predict(model, k)[0] for k in kernels]))
+        used = [re.search(r"\((\d+) of (\d+) upper bounds", x) for x in lines]
+        bounds.append([(int(m[1]), int(m[2])) for m in used if m])
+    full, cut = bounds
+    assert full and all(a == b for a, b in full)  # POLISH_NEAR 0: every bound from the start
+    assert cut and all(a < b / 2 for a, b in cut)  # most bounds never needed
+    np.testing.assert_allclose(preds[1], preds[0], rtol=1e-6)

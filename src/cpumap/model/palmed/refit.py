@@ -51,6 +51,11 @@ def _explained(rho: dict[str, dict[int, float]], defining: list[Kernel],
     return rho, defining, saturating
 
 
+#: Joint refit: the upper bounds it starts with, those the current model brings within this
+#: share of their bound (the others join as a solution breaks them).
+POLISH_NEAR = 0.8
+
+
 def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[str],
             singletons: Mapping[str, float], meas: Measurements, tol: float,
             bad: set[frozenset[str]], stats: _LPStats, log: Log) -> dict[str, dict[int, float]]:
@@ -71,6 +76,8 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
       * soft upper bounds: sum_f sigma(k, f) rho[f, r] <= M(k) (1 + tol) + u[k], r != d(k).
     Objective: min sum_k (e+[k] + e-[k] + SOFT_UPPER u[k]) / M(k) + 1e-6 sum rho / t_ref.
     The current model is a feasible point, so the refit never fits the measurements worse.
+    The upper bounds join by a cutting plane (``POLISH_NEAR``): the LP's solution is the
+    optimum of all of them, without building the rows that no solution comes near.
     One pass only: redesignating and refitting again lowered the in-sample misfit further
     (4.4% -> 3.2% -> 2.9% mean relative) but raised the held-out error (13.1% -> 13.6%).
     Exact measurements skip it: every kernel is already explained there, and the LP would
@@ -93,10 +100,9 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     eq_r: list[int] = []
     eq_c: list[int] = []
     eq_v: list[float] = []
-    ub_r: list[int] = []
-    ub_c: list[int] = []
-    ub_v: list[float] = []
-    b_ub: list[float] = []
+    s_r: list[int] = []
+    s_c: list[int] = []
+    s_v: list[float] = []
     for j, (k, m, d) in enumerate(rows):
         cols = [fidx[f] * n_res for f in k]
         counts = [float(n) for n in k.values()]
@@ -104,25 +110,57 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
         eq_c += [col + d for col in cols] + [nv_rho + 2 * j, nv_rho + 2 * j + 1]
         eq_v += counts + [1.0, -1.0]
         c[nv_rho + 2 * j] = c[nv_rho + 2 * j + 1] = 1.0 / m
-        u = nv_rho + 2 * nk + j
-        c[u] = SOFT_UPPER / m
-        for r in range(n_res):
-            if r == d:
-                continue
-            row_i = len(b_ub)
-            ub_r += [row_i] * (len(k) + 1)
-            ub_c += [col + r for col in cols] + [u]
-            ub_v += counts + [-1.0]
-            b_ub.append(m * (1 + tol))
+        c[nv_rho + 2 * nk + j] = SOFT_UPPER / m
+        s_r += [j] * len(k)
+        s_c += [fidx[f] for f in k]
+        s_v += counts
     a_eq = coo_matrix((eq_v, (eq_r, eq_c)), shape=(nk, nv)).tocsr()
-    a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(len(b_ub), nv)).tocsr()
+    # sigma(k, f): the load of every kernel on every resource is sigma @ rho
+    sigma = coo_matrix((s_v, (s_r, s_c)), shape=(nk, len(forms))).tocsr()
+    cycles = np.array([m for _, m, _ in rows])
+    bound = cycles * (1 + tol)
+    designated = np.array([d for _, _, d in rows])
+
+    def loads(x: np.ndarray) -> np.ndarray:
+        return np.asarray(sigma @ x[:nv_rho].reshape(len(forms), n_res))
+
+    x0 = np.zeros(nv_rho)
+    for f, uses in rho.items():
+        if f in fidx:
+            for r, v in uses.items():
+                if r < n_res:
+                    x0[fidx[f] * n_res + r] = v
+    # a cutting plane: the upper bounds the current model comes near first, then those the
+    # solution breaks, until it breaks none; it then solves the LP of all the bounds (one per
+    # kernel and resource: 5 million rows, 9.7 GB and no solution after 30 min for 2,837
+    # native forms), whose rows mostly lie far from binding
+    active = loads(x0) >= POLISH_NEAR * bound[:, None]
+    active[np.arange(nk), designated] = False
+    lps = 0
+    while True:
+        lps += 1
+        jj, rr = np.nonzero(active)
+        n_ub = len(jj)
+        ub_r = np.repeat(np.arange(n_ub), np.diff(sigma.indptr)[jj] + 1)
+        ub_c = np.concatenate([np.append(sigma.indices[sigma.indptr[j]:sigma.indptr[j + 1]]
+                                         * n_res + r, nv_rho + 2 * nk + j)
+                               for j, r in zip(jj, rr, strict=True)]) if n_ub else np.zeros(0)
+        ub_v = np.concatenate([np.append(sigma.data[sigma.indptr[j]:sigma.indptr[j + 1]], -1.0)
+                               for j in jj]) if n_ub else np.zeros(0)
+        a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(n_ub, nv)).tocsr()
+        x = _solve(c, a_ub, bound[jj], a_eq, cycles, np.full(nv, np.inf), stats)
+        slack = bound[:, None] + x[nv_rho + 2 * nk:][:, None]
+        add = (loads(x) > slack * (1 + 1e-9)) & ~active
+        add[np.arange(nk), designated] = False
+        if not add.any():
+            break
+        active |= add
     fitted = [(k, m) for k, m, _ in rows]
     before = _misfit(rho, n_res, fitted)
-    x = _solve(c, a_ub, np.array(b_ub), a_eq, np.array([m for _, m, _ in rows]),
-               np.full(nv, np.inf), stats)
     out = {f: {r: float(x[fidx[f] * n_res + r]) for r in range(n_res)
                if x[fidx[f] * n_res + r] > tol * singletons[f]} for f in forms}
-    log(f"polish: joint refit over {nk} kernels, RMS relative misfit {before:.2%} -> "
+    log(f"polish: joint refit over {nk} kernels ({int(active.sum())} of {nk * (n_res - 1)} "
+        f"upper bounds, {lps} LP(s)), RMS relative misfit {before:.2%} -> "
         f"{_misfit(out, n_res, fitted):.2%}")
     return out
 
