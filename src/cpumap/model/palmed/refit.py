@@ -141,13 +141,14 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
         lps += 1
         jj, rr = np.nonzero(active)
         n_ub = len(jj)
-        ub_r = np.repeat(np.arange(n_ub), np.diff(sigma.indptr)[jj] + 1)
-        ub_c = np.concatenate([np.append(sigma.indices[sigma.indptr[j]:sigma.indptr[j + 1]]
-                                         * n_res + r, nv_rho + 2 * nk + j)
-                               for j, r in zip(jj, rr, strict=True)]) if n_ub else np.zeros(0)
-        ub_v = np.concatenate([np.append(sigma.data[sigma.indptr[j]:sigma.indptr[j + 1]], -1.0)
-                               for j in jj]) if n_ub else np.zeros(0)
-        a_ub = coo_matrix((ub_v, (ub_r, ub_c)), shape=(n_ub, nv)).tocsr()
+        # row i: kernel jj[i]'s counts on resource rr[i] of its forms, and -1 on its u
+        sub = sigma[jj]
+        per = np.diff(sub.indptr)
+        a_ub = coo_matrix((np.concatenate([sub.data, -np.ones(n_ub)]),
+                           (np.concatenate([np.repeat(np.arange(n_ub), per), np.arange(n_ub)]),
+                            np.concatenate([sub.indices * n_res + np.repeat(rr, per),
+                                            nv_rho + 2 * nk + jj]))),
+                          shape=(n_ub, nv)).tocsr()
         x = _solve(c, a_ub, bound[jj], a_eq, cycles, np.full(nv, np.inf), stats)
         slack = bound[:, None] + x[nv_rho + 2 * nk:][:, None]
         add = (loads(x) > slack * (1 + 1e-9)) & ~active
