@@ -324,6 +324,24 @@ def test_measure_point_keeps_the_fastest_process(tmp_path, host):
     assert rec["perf_q"]["max"] == pytest.approx(2000 / min(rec["cycles"]))
 
 
+def test_points_keep_a_count_failure_untimed(tmp_path, host):
+    """The counts come from their own job: a point whose count failed or was skipped keeps
+    that status and reason and is not timed (the binary here does not exist: a timing would
+    fail with another reason), a point with no count row fails naming the counting job."""
+    counts = points.to_frame([
+        {"benchmark": "daxpy.O2", "kernel": "daxpy", "flagset": "O2", "n": 1000,
+         "state": "warm", "status": "failed", "reason": "callgrind ran past 900 s"},
+        {"benchmark": "daxpy.O2", "kernel": "daxpy", "flagset": "O2", "n": 1000,
+         "state": "cold", "status": "skipped", "reason": "footprint too big"}])
+    df = points.measure_points({"daxpy.O2": tmp_path / "absent"}, {"daxpy": [1000, 2000]},
+                               ["warm", "cold"], host, counts=counts)
+    got = {(r["n"], r["state"]): (r["status"], r["reason"]) for r in df.to_dict("records")}
+    assert got[(1000, "warm")] == ("failed", "callgrind ran past 900 s")
+    assert got[(1000, "cold")] == ("skipped", "footprint too big")
+    assert got[(2000, "warm")][0] == got[(2000, "cold")][0] == "failed"
+    assert "roofline_counts" in got[(2000, "warm")][1]
+
+
 # ----------------------------------------------------------------------------- plots
 
 

@@ -79,11 +79,33 @@ rule roofline_ceilings:
         "../scripts/roofline_ceilings.py"
 
 
+rule roofline_counts:
+    # the points' work (instructions, flops, bytes) from valgrind or gdb: no timing, so it
+    # takes no measuring slot and runs beside the measuring jobs
+    input:
+        binaries=lambda wildcards: expand(SUITE_BIN, mid=wildcards.mid,
+                                          bench=roofline_point_benchmarks()),
+        machine=MACHINE_JSON,
+    output:
+        counts=ROOF_COUNTS,
+    log:
+        f"{LOGS}/roofline/counts.log",
+    params:
+        benchmarks=roofline_point_benchmarks(),
+        points=ROOF["points"],
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_counts.py"
+
+
 rule roofline_points:
     input:
         binaries=lambda wildcards: expand(SUITE_BIN, mid=wildcards.mid,
                                           bench=roofline_point_benchmarks()),
         machine=MACHINE_JSON,
+        counts=ROOF_COUNTS,
     output:
         points=ROOF_POINTS,
     log:

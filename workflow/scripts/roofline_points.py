@@ -13,16 +13,14 @@ redirect_output(snakemake.log[0])
 import json
 
 from cpumap.roofline.points import measure_points
-from cpumap.store.files import write_parquet_atomic
+from cpumap.store.files import read_parquet_checked, write_parquet_atomic
 
 with open(snakemake.input.machine, encoding="utf-8") as handle:
     machine = json.load(handle)
 pts = snakemake.params.points
 benchmarks = dict(zip(snakemake.params.benchmarks, snakemake.input.binaries, strict=True))
 df = measure_points(benchmarks, pts["sizes"], pts["states"], machine, reps=int(pts["reps"]),
-                    cpu=pts["cpu"], count_timeout=float(pts["count_timeout_s"]),
-                    sim_timeout=float(pts["sim_timeout_s"]),
-                    gdb_max_footprint=int(pts["gdb_max_footprint"]),
+                    cpu=pts["cpu"], counts=read_parquet_checked(snakemake.input.counts),
                     processes=int(pts["processes"]),
                     progress=lambda message: print(message, flush=True))
 write_parquet_atomic(df, snakemake.output.points)

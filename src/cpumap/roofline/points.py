@@ -235,62 +235,70 @@ def quantiles(values: Sequence[float]) -> dict:
     return dict(zip(("min", "q1", "median", "q3", "max"), map(float, q), strict=True))
 
 
-def measure_point(binary: Path, benchmark: str, n: int, state: str, machine: Mapping, *,
-                  reps: int = 10, cpu: int | None = None, count_timeout: float = 300.0,
-                  sim_timeout: float = 600.0, gdb_max_footprint: int | None = None,
-                  cache: dict | None = None, processes: int = 1) -> dict:
-    """One kernel point (see the module docstring); ``cache`` memoises counts across states.
+def count_point(binary: Path, benchmark: str, n: int, state: str, machine: Mapping, *,
+                count_timeout: float = 300.0, sim_timeout: float = 600.0,
+                gdb_max_footprint: int | None = None, cache: dict | None = None) -> dict:
+    """The work of one point (executed instructions, flops, core and memory bytes), no timing.
 
+    Apart from ``measure_point`` so that the pipeline runs it beside the measuring jobs: on
+    the full profile the counting (valgrind's cache simulation above all) took 18 of the 20
+    minutes of the points, on the measuring slot. ``cache`` memoises gdb counts across states.
     Raises SkipPoint when the point would need a gdb count of a footprint above
-    ``gdb_max_footprint`` (the native timing is run first, to learn the footprint).
+    ``gdb_max_footprint`` (one untimed driver call learns the footprint).
     """
-    kernel, flagset = suite.split_benchmark(benchmark)
+    kernel, _flagset = suite.split_benchmark(benchmark)
     function = suite.function_name(kernel)
     code = function_code(binary, function)
-    rec: dict = {"benchmark": benchmark, "kernel": kernel, "flagset": flagset, "n": int(n),
-                 "state": state, "reps": reps}
     cold = state == "cold"
-    run = suite.measure_kernel(binary, n, reps, cold, cpu, processes=processes)
-    cycles = [float(c) for c in run["cycles"]]
-    rec |= {"clock": run["clock"], "cycles_per_tick": run["cycles_per_tick"],
-            "cycles": cycles, "bytes_footprint": int(run["bytes_footprint"]),
-            "processes": int(run["processes"]),
-            "process_cycles_min": [float(c) for c in run["process_cycles_min"]]}
-    rec["cycles_q"] = quantiles(cycles)
     t0 = time.monotonic()
-    evex = has_evex(binary, function)
-    if evex and gdb_max_footprint is not None and rec["bytes_footprint"] > gdb_max_footprint:
-        raise SkipPoint(f"AVX-512 code (valgrind cannot run it) needs a gdb count, skipped for "
-                        f"a footprint of {rec['bytes_footprint']} > {gdb_max_footprint} bytes "
-                        "(roofline.points.gdb_max_footprint)")
-    args = suite.driver_args(n, 2, cold)
-    key = (str(binary), int(n))
-    cache = cache if cache is not None else {}
-    if not evex:
-        costs = callgrind_run(binary, function, args, callgrind_caches(machine), sim_timeout)
-        counts = {a: c.get("Ir", 0) for a, c in costs.items()}
-        rec |= {"count_source": "callgrind", **memory_bytes(costs),
-                "mem_bytes_source": "callgrind-sim"}
-    else:
+    rec: dict = {}
+    if has_evex(binary, function):
+        if gdb_max_footprint is not None:
+            footprint = int(suite.measure_kernel(binary, n, 1, cold, min_ticks=0,
+                                                 timeout=count_timeout)["bytes_footprint"])
+            if footprint > gdb_max_footprint:
+                raise SkipPoint(f"AVX-512 code (valgrind cannot run it) needs a gdb count, "
+                                f"skipped for a footprint of {footprint} > "
+                                f"{gdb_max_footprint} bytes (roofline.points.gdb_max_footprint)")
+        cache = cache if cache is not None else {}
+        key = (str(binary), int(n))
         if key not in cache:
             blocks = extract_blocks(binary, function)
             by_block = count_blocks(binary, function, blocks, suite.driver_args(n, 1, cold),
                                     timeout=count_timeout)
-            counts = {}
-            for b in blocks:
-                occ = by_block.get(b.address, 0)
-                for a in _insn_addresses(b):
-                    counts[a] = occ
-            cache[key] = counts
+            cache[key] = {a: by_block.get(b.address, 0)
+                          for b in blocks for a in _insn_addresses(b)}
         counts = cache[key]
         rec |= {"count_source": "gdb-blocks", "mem_bytes": None, "mem_bytes_source": "",
                 "mem_bytes_reason": "valgrind cannot run AVX-512 (EVEX) code: no cache "
                                     "simulation, core-side bytes only"}
+    else:
+        costs = callgrind_run(binary, function, suite.driver_args(n, 2, cold),
+                              callgrind_caches(machine), sim_timeout)
+        counts = {a: c.get("Ir", 0) for a, c in costs.items()}
+        rec |= {"count_source": "callgrind", **memory_bytes(costs),
+                "mem_bytes_source": "callgrind-sim"}
     rec |= work_totals(code, counts)
     rec["count_seconds"] = time.monotonic() - t0
+    return rec
+
+
+def time_point(binary: Path, n: int, state: str, *, reps: int = 10, cpu: int | None = None,
+               processes: int = 1) -> dict:
+    """The native cycles of one point (see the module docstring)."""
+    run = suite.measure_kernel(binary, n, reps, state == "cold", cpu, processes=processes)
+    cycles = [float(c) for c in run["cycles"]]
+    return {"reps": reps, "clock": run["clock"], "cycles_per_tick": run["cycles_per_tick"],
+            "cycles": cycles, "cycles_q": quantiles(cycles),
+            "bytes_footprint": int(run["bytes_footprint"]), "processes": int(run["processes"]),
+            "process_cycles_min": [float(c) for c in run["process_cycles_min"]]}
+
+
+def point_of(count: Mapping, timing: Mapping) -> dict:
+    """A point from its count and its timing: performance and arithmetic intensities."""
+    rec = {**count, **timing}
     if rec["flops"]:
-        perf = [rec["flops"] / c for c in cycles]
-        rec["perf_q"] = quantiles(perf)
+        rec["perf_q"] = quantiles([rec["flops"] / c for c in rec["cycles"]])
     rec["intensity_core"] = rec["flops"] / rec["core_bytes"] if rec["core_bytes"] else None
     mb = rec.get("mem_bytes")
     rec["intensity_mem"] = rec["flops"] / mb if mb else None
@@ -305,37 +313,86 @@ def _insn_addresses(block) -> list[int]:
     return addrs
 
 
+def _grid(benchmarks: Mapping[str, Path], sizes: Mapping[str, Sequence[int]],
+          states: Iterable[str]) -> list[tuple[str, Path, int, str]]:
+    states = list(states)
+    return [(bench, Path(binary), int(n), state) for bench, binary in benchmarks.items()
+            for n in sizes.get(suite.split_benchmark(bench)[0], []) for state in states]
+
+
+def _point_row(bench: str, n: int, state: str) -> dict:
+    kernel, flagset = suite.split_benchmark(bench)
+    return {"benchmark": bench, "kernel": kernel, "flagset": flagset, "n": int(n),
+            "state": state}
+
+
+def _failed(row: dict, exc: Exception) -> dict:
+    return row | {"status": "skipped" if isinstance(exc, SkipPoint) else "failed",
+                  "reason": str(exc)[:500]}
+
+
+def count_points(benchmarks: Mapping[str, Path], sizes: Mapping[str, Sequence[int]],
+                 states: Iterable[str], machine: Mapping, *, count_timeout: float = 300.0,
+                 sim_timeout: float = 600.0, gdb_max_footprint: int | None = None,
+                 progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """``count_point`` of every (benchmark, n, state); a point that could not be counted is
+    a row with status and reason (the run goes on)."""
+    grid = _grid(benchmarks, sizes, states)
+    rows, caches = [], defaultdict(dict)
+    t0 = time.monotonic()
+    for i, (bench, binary, n, state) in enumerate(grid, 1):
+        row = _point_row(bench, n, state)
+        try:
+            row |= count_point(binary, bench, n, state, machine, count_timeout=count_timeout,
+                               sim_timeout=sim_timeout, gdb_max_footprint=gdb_max_footprint,
+                               cache=caches[bench]) | {"status": "ok", "reason": ""}
+        except Exception as exc:  # noqa: BLE001 - recorded per point, run goes on
+            row = _failed(row, exc)
+        rows.append(row)
+        if progress:
+            rate = i / max(time.monotonic() - t0, 1e-9)
+            progress(f"count {i}/{len(grid)} ({len(grid) - i} left, {rate:.2f}/s): {bench} "
+                     f"n={n} {state}: {row['status']} {row['reason'][:120]}")
+    return to_frame(rows)
+
+
 def measure_points(benchmarks: Mapping[str, Path], sizes: Mapping[str, Sequence[int]],
                    states: Iterable[str], machine: Mapping, *, reps: int = 10,
-                   cpu: int | None = None, count_timeout: float = 300.0,
-                   sim_timeout: float = 600.0, gdb_max_footprint: int | None = None,
+                   cpu: int | None = None, counts: pd.DataFrame | None = None,
+                   count_timeout: float = 300.0, sim_timeout: float = 600.0,
+                   gdb_max_footprint: int | None = None,
                    progress: Callable[[str], None] | None = None,
                    processes: int = 1) -> pd.DataFrame:
-    """Every (benchmark, n, state) point; a failed point is a row with status and reason."""
+    """Every (benchmark, n, state) point: its count (``counts``, from ``count_points``;
+    counted here when None) and its native timing. A point whose count failed or was skipped
+    keeps that row, untimed; a failed timing is a row with status and reason."""
+    grid = _grid(benchmarks, sizes, states)
+    if counts is None:
+        counts = count_points(benchmarks, sizes, states, machine, count_timeout=count_timeout,
+                              sim_timeout=sim_timeout, gdb_max_footprint=gdb_max_footprint,
+                              progress=progress)
+    by_point = {(r["benchmark"], int(r["n"]), r["state"]): r
+                for r in from_frame(counts).to_dict("records")}
     rows = []
-    states = list(states)
-    for bench, binary in benchmarks.items():
-        kernel = suite.split_benchmark(bench)[0]
-        cache: dict = {}
-        for n in sizes.get(kernel, []):
-            for state in states:
-                try:
-                    rec = measure_point(Path(binary), bench, n, state, machine, reps=reps,
-                                        cpu=cpu, count_timeout=count_timeout,
-                                        sim_timeout=sim_timeout,
-                                        gdb_max_footprint=gdb_max_footprint, cache=cache,
-                                        processes=processes)
-                    rec["status"], rec["reason"] = "ok", ""
-                except Exception as exc:  # noqa: BLE001 - recorded per point, run goes on
-                    rec = {"benchmark": bench, "kernel": kernel,
-                           "flagset": suite.split_benchmark(bench)[1], "n": int(n),
-                           "state": state,
-                           "status": "skipped" if isinstance(exc, SkipPoint) else "failed",
-                           "reason": str(exc)[:500]}
-                rows.append(rec)
-                if progress:
-                    progress(f"{bench} n={n} {state}: {rec['status']} "
-                             f"{rec.get('reason', '')[:120]}")
+    t0 = time.monotonic()
+    for i, (bench, binary, n, state) in enumerate(grid, 1):
+        row = _point_row(bench, n, state)
+        count = by_point.get((bench, n, state))
+        if count is None:
+            row |= {"status": "failed", "reason": "no count of this point (roofline_counts)"}
+        elif count["status"] != "ok":
+            row |= {"status": count["status"], "reason": count["reason"]}
+        else:
+            try:
+                row = point_of(count, time_point(binary, n, state, reps=reps, cpu=cpu,
+                                                 processes=processes))
+            except Exception as exc:  # noqa: BLE001 - recorded per point, run goes on
+                row = _failed(row, exc)
+        rows.append(row)
+        if progress:
+            rate = i / max(time.monotonic() - t0, 1e-9)
+            progress(f"time {i}/{len(grid)} ({len(grid) - i} left, {rate:.2f}/s): {bench} "
+                     f"n={n} {state}: {row['status']} {row.get('reason', '')[:120]}")
     return to_frame(rows)
 
 
