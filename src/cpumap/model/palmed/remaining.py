@@ -46,8 +46,9 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     """Stage 7: the uses of every form, then refinement with the resources the core missed.
 
     ``state`` lists the refinement resources found so far as (defining kernel, construction
-    time, round, misfit of singletons and pairs before the round). Returns a Step whose ``need`` lists kernels to measure (mapping kernels of
-    new resources: one or two measurement rounds per refinement round), or ``done`` with
+    time, round, misfit of singletons and pairs before the round). Returns a Step whose
+    ``need`` lists kernels to measure (mapping kernels of new resources: one or two
+    measurement rounds per refinement round), or ``done`` with
     ``result = (rho, defining, saturating, behaviour)``: rho maps form -> resource index ->
     use, behaviour maps each representative of a class of several forms to its members.
 
