@@ -149,7 +149,12 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
                             np.concatenate([sub.indices * n_res + np.repeat(rr, per),
                                             nv_rho + 2 * nk + jj]))),
                           shape=(n_ub, nv)).tocsr()
-        x = _solve(c, a_ub, bound[jj], a_eq, cycles, np.full(nv, np.inf), stats)
+        # interior point: on a simulated 12-port/1000-form machine at 2 % noise (33,595
+        # kernels, 11 resources) 9.3 s an LP against 27.4 s for the dual simplex, the same
+        # optimum; the native full profile (about 190,000 kernels, 30 resources) ran the dual
+        # simplex 35 min without an answer
+        x = _solve(c, a_ub, bound[jj], a_eq, cycles, np.full(nv, np.inf), stats,
+                   method="highs-ipm")
         slack = bound[:, None] + x[nv_rho + 2 * nk:][:, None]
         add = (loads(x) > slack * (1 + 1e-9)) & ~active
         add[np.arange(nk), designated] = False
