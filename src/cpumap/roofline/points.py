@@ -253,15 +253,17 @@ def count_point(binary: Path, benchmark: str, n: int, state: str, machine: Mappi
     t0 = time.monotonic()
     rec: dict = {}
     if has_evex(binary, function):
+        cache = cache if cache is not None else {}
+        key = (str(binary), int(n))
         if gdb_max_footprint is not None:
-            footprint = int(suite.measure_kernel(binary, n, 1, cold, min_ticks=0,
-                                                 timeout=count_timeout)["bytes_footprint"])
+            if ("footprint", key) not in cache:
+                cache["footprint", key] = int(suite.measure_kernel(
+                    binary, n, 1, cold, min_ticks=0, timeout=count_timeout)["bytes_footprint"])
+            footprint = cache["footprint", key]
             if footprint > gdb_max_footprint:
                 raise SkipPoint(f"AVX-512 code (valgrind cannot run it) needs a gdb count, "
                                 f"skipped for a footprint of {footprint} > "
                                 f"{gdb_max_footprint} bytes (roofline.points.gdb_max_footprint)")
-        cache = cache if cache is not None else {}
-        key = (str(binary), int(n))
         if key not in cache:
             blocks = extract_blocks(binary, function)
             by_block = count_blocks(binary, function, blocks, suite.driver_args(n, 1, cold),
@@ -331,29 +333,41 @@ def _failed(row: dict, exc: Exception) -> dict:
                   "reason": str(exc)[:500]}
 
 
+def _each_point(grid: Sequence[tuple[str, Path, int, str]], what: str,
+                one: Callable[[dict, str, Path, int, str], dict],
+                progress: Callable[[str], None] | None) -> pd.DataFrame:
+    """``one(row, bench, binary, n, state)`` for every point of ``grid``, with progress; an
+    exception is that point's row with status and reason (the run goes on)."""
+    rows = []
+    t0 = time.monotonic()
+    for i, (bench, binary, n, state) in enumerate(grid, 1):
+        row = _point_row(bench, n, state)
+        try:
+            row = one(row, bench, binary, n, state)
+        except Exception as exc:  # noqa: BLE001 - recorded per point, run goes on
+            row = _failed(row, exc)
+        rows.append(row)
+        if progress:
+            rate = i / max(time.monotonic() - t0, 1e-9)
+            progress(f"{what} {i}/{len(grid)} ({len(grid) - i} left, {rate:.2f}/s): {bench} "
+                     f"n={n} {state}: {row['status']} {row.get('reason', '')[:120]}")
+    return to_frame(rows)
+
+
 def count_points(benchmarks: Mapping[str, Path], sizes: Mapping[str, Sequence[int]],
                  states: Iterable[str], machine: Mapping, *, count_timeout: float = 300.0,
                  sim_timeout: float = 600.0, gdb_max_footprint: int | None = None,
                  progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """``count_point`` of every (benchmark, n, state); a point that could not be counted is
     a row with status and reason (the run goes on)."""
-    grid = _grid(benchmarks, sizes, states)
-    rows, caches = [], defaultdict(dict)
-    t0 = time.monotonic()
-    for i, (bench, binary, n, state) in enumerate(grid, 1):
-        row = _point_row(bench, n, state)
-        try:
-            row |= count_point(binary, bench, n, state, machine, count_timeout=count_timeout,
-                               sim_timeout=sim_timeout, gdb_max_footprint=gdb_max_footprint,
-                               cache=caches[bench]) | {"status": "ok", "reason": ""}
-        except Exception as exc:  # noqa: BLE001 - recorded per point, run goes on
-            row = _failed(row, exc)
-        rows.append(row)
-        if progress:
-            rate = i / max(time.monotonic() - t0, 1e-9)
-            progress(f"count {i}/{len(grid)} ({len(grid) - i} left, {rate:.2f}/s): {bench} "
-                     f"n={n} {state}: {row['status']} {row['reason'][:120]}")
-    return to_frame(rows)
+    caches: dict[str, dict] = defaultdict(dict)
+
+    def one(row: dict, bench: str, binary: Path, n: int, state: str) -> dict:
+        return row | count_point(binary, bench, n, state, machine, count_timeout=count_timeout,
+                                 sim_timeout=sim_timeout, gdb_max_footprint=gdb_max_footprint,
+                                 cache=caches[bench]) | {"status": "ok", "reason": ""}
+
+    return _each_point(_grid(benchmarks, sizes, states), "count", one, progress)
 
 
 def measure_points(benchmarks: Mapping[str, Path], sizes: Mapping[str, Sequence[int]],
@@ -366,34 +380,24 @@ def measure_points(benchmarks: Mapping[str, Path], sizes: Mapping[str, Sequence[
     """Every (benchmark, n, state) point: its count (``counts``, from ``count_points``;
     counted here when None) and its native timing. A point whose count failed or was skipped
     keeps that row, untimed; a failed timing is a row with status and reason."""
-    grid = _grid(benchmarks, sizes, states)
     if counts is None:
         counts = count_points(benchmarks, sizes, states, machine, count_timeout=count_timeout,
                               sim_timeout=sim_timeout, gdb_max_footprint=gdb_max_footprint,
                               progress=progress)
     by_point = {(r["benchmark"], int(r["n"]), r["state"]): r
                 for r in from_frame(counts).to_dict("records")}
-    rows = []
-    t0 = time.monotonic()
-    for i, (bench, binary, n, state) in enumerate(grid, 1):
-        row = _point_row(bench, n, state)
+
+    def one(row: dict, bench: str, binary: Path, n: int, state: str) -> dict:
         count = by_point.get((bench, n, state))
         if count is None:
-            row |= {"status": "failed", "reason": "no count of this point (roofline_counts)"}
-        elif count["status"] != "ok":
-            row |= {"status": count["status"], "reason": count["reason"]}
-        else:
-            try:
-                row = point_of(count, time_point(binary, n, state, reps=reps, cpu=cpu,
-                                                 processes=processes))
-            except Exception as exc:  # noqa: BLE001 - recorded per point, run goes on
-                row = _failed(row, exc)
-        rows.append(row)
-        if progress:
-            rate = i / max(time.monotonic() - t0, 1e-9)
-            progress(f"time {i}/{len(grid)} ({len(grid) - i} left, {rate:.2f}/s): {bench} "
-                     f"n={n} {state}: {row['status']} {row.get('reason', '')[:120]}")
-    return to_frame(rows)
+            return row | {"status": "failed",
+                          "reason": "no count of this point (roofline_counts)"}
+        if count["status"] != "ok":
+            return row | {"status": count["status"], "reason": count["reason"]}
+        return point_of(count, time_point(binary, n, state, reps=reps, cpu=cpu,
+                                          processes=processes))
+
+    return _each_point(_grid(benchmarks, sizes, states), "time", one, progress)
 
 
 JSON_COLUMNS = ("flops_by_precision", "flops_by_kind", "cycles", "cycles_q", "perf_q",

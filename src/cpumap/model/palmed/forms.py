@@ -278,9 +278,9 @@ def _parallel_lps(forms: Sequence[str], per_form: Mapping, singletons: Mapping[s
     return {f: out[f] for f in forms}
 
 
-#: The last fits of this process, by everything they depend on (``_fit_key``): a noisy
-#: refinement round fits the forms twice, with and without its new resources, and the fit
-#: without them is the previous round's, solved again (half the LPs of a round).
+#: The last fits of this process, by everything they depend on (``_fit_key``): the fit
+#: without a dropped refinement round is the previous round's, solved again unless its
+#: inputs (the behaviour classes among them) changed meanwhile.
 _FITS: dict = {}
 _FITS_KEPT = 4
 
