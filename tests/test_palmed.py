@@ -237,17 +237,29 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     forms = ["A", "B", "C"]
     singletons = {f: meas[f] for f in forms}
     stats = palmed._LPStats()
-    out = palmed._polish(rho, 3, forms, singletons, meas, 0.05, set(), stats, lambda _: None)
+    cfg = palmed.PalmedConfig(tol=0.05)
+    out = palmed._polish(rho, 3, forms, singletons, meas, cfg, set(), stats, lambda _: None)
     assert stats.solves == 1
+    assert stats.refit is not None and stats.refit["done"]
+    assert stats.refit["kernels"] == len(meas) and stats.refit["candidate_bounds"] == 2 * len(meas)
     for text, m in meas.items():
         assert palmed._predict(out, 3, parse_canonical(text)).max() == pytest.approx(m, rel=1e-6)
     # held out: five instructions on the shared unit, C's own unit beside them
     assert palmed._predict(out, 3, {"A": 3, "B": 2, "C": 4}).max() == pytest.approx(2.5)
     # an interacting pair (slower together than in sequence) stays out of the refit
     bad = {frozenset(("A", "B"))}
-    kept = palmed._polish(rho, 3, forms, singletons, {**meas, "A B": 3.0}, 0.05, bad,
+    kept = palmed._polish(rho, 3, forms, singletons, {**meas, "A B": 3.0}, cfg, bad,
                           stats, lambda _: None)
     assert palmed._predict(kept, 3, {"A": 1, "B": 1}).max() == pytest.approx(0.5)
+    # above the size budget the per-form fits stay the model, and the statistics say so
+    small = palmed.PalmedConfig(tol=0.05, refit_max_bounds=2 * len(meas) - 1)
+    skipped = palmed._LPStats()
+    same = palmed._polish(rho, 3, forms, singletons, meas, small, set(), skipped,
+                          lambda _: None)
+    assert same == rho and skipped.solves == 0
+    assert skipped.refit == {"kernels": len(meas), "resources": 3,
+                             "candidate_bounds": 2 * len(meas),
+                             "max_bounds": 2 * len(meas) - 1, "done": False}
 
 
 def test_behaviour_classes_group_alike_forms_only() -> None:

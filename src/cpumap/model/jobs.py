@@ -354,6 +354,17 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     def fmt_s(v: float | None) -> str:
         return "" if v is None else f"{v:.2f}"
 
+    def refit_line(r: dict[str, Any] | None) -> str:
+        if not r:
+            return "not run (exact measurements, or nothing to refit)"
+        size = (f"{r['kernels']} kernels x {r['resources'] - 1} resources = "
+                f"{r['candidate_bounds']} candidate upper bounds")
+        if not r["done"]:
+            return (f"skipped: {size}, above refit_max_bounds {r['max_bounds']}; the model is "
+                    "the per-form fits (docs/model.md)")
+        return (f"{size} ({r['bounds_used']} used, {r['lps']} LP(s)); RMS relative misfit "
+                f"{r['misfit_before']:.2%} -> {r['misfit_after']:.2%}")
+
     lines = [f"# Resource model of {machine_id}", "",
              f"- forms modelled: {stats.get('n_forms')} (pairs measured among "
              f"{stats.get('n_pair_forms')})",
@@ -367,6 +378,7 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              "mapping kernels are measured by the palmed_measure batch jobs, "
              "db/part-palmed-{pairs,mapping}-*.parquet; kernels found in the database are "
              "not measured again)",
+             f"- joint refit: {refit_line(stats.get('joint_refit'))}",
              f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
              f"{sorted(stats.get('not_modelled', {}))}",
              f"- forms modelled approximately (dependence chains, on a resource of their own"

@@ -307,7 +307,9 @@ class Build:
                  "n_core_resources": core.n_resources, "n_basic": len(basic.basic),
                  "n_classes": len(basic.classes),
                  "n_behaviour_reps": len(self.forms) - sum(len(m) - 1
-                                                            for m in behaviour.values())}
+                                                            for m in behaviour.values()),
+                 # its size, and whether it ran (noisy measurements within the budget)
+                 "joint_refit": st.refit}
         return model, stats
 
     # ------------------------------------------------------------------ state file

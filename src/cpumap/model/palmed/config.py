@@ -74,6 +74,9 @@ class PalmedConfig:
     # mapping kernels screened: each form meets each saturating kernel at the balanced
     # proportion first, and at the lighter ones only where that mix was slower than SK alone
     screen: bool = True
+    # the joint refit (``refit._polish``) runs only while its candidate upper bounds (kernels
+    # x (resources - 1)) stay within this; above, the per-form fits are the model
+    refit_max_bounds: int | None = 1_000_000
 
     def as_dict(self) -> dict[str, Any]:
         return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
@@ -83,7 +86,7 @@ class PalmedConfig:
                 "fit_rounds": self.fit_rounds, "max_kernel": self.max_kernel,
                 "seed": self.seed, "max_pair_forms": self.max_pair_forms,
                 "core_batch": self.core_batch, "max_core_resources": self.max_core_resources,
-                "screen": self.screen}
+                "screen": self.screen, "refit_max_bounds": self.refit_max_bounds}
 
     @property
     def core_cap(self) -> int:

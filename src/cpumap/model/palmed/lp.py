@@ -24,6 +24,9 @@ from cpumap.model.palmed.config import Kernel
 class _LPStats:
     solves: int = 0
     seconds: float = 0.0
+    # the joint refit's size and whether it ran (``refit._polish``): the statistics say
+    # when a model is the per-form fits alone
+    refit: dict[str, Any] | None = None
 
 
 def _solve(c: np.ndarray, a_ub: Any, b_ub: np.ndarray, a_eq: Any, b_eq: np.ndarray,

@@ -155,7 +155,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                                   pair_index, cfg, stats, bad)
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
                     f"{now_s:.2%} vs {prev_s:.2%} without it)")
-                prev = _polish(prev, n_prev, forms, singletons, meas, cfg.tol, bad, stats, log)
+                prev = _polish(prev, n_prev, forms, singletons, meas, cfg, bad, stats, log)
                 return Step(need=[], result=_explained(
                     prev, defining[:n_prev], [sk for sk, _ in saturating[:n_prev]], forms,
                     singletons, cfg, log), state=[r for r in refined if r[2] != rounds - 1])
@@ -180,7 +180,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 log(f"refine: stopping with {len(cands)} under-predicted kernels "
                     f"(worst {-cands[0][0]:.1%})")
             if noisy:
-                rho = _polish(rho, n_res, forms, singletons, meas, cfg.tol, bad, stats, log)
+                rho = _polish(rho, n_res, forms, singletons, meas, cfg, bad, stats, log)
             return Step(need=[], result=_explained(
                 rho, defining, [sk for sk, _ in saturating], forms, singletons, cfg, log),
                 state=refined)
