@@ -103,12 +103,15 @@ def test_analyze_json(poly, results):
     m = out["measured"]
     assert m["method"] == fntime.METHOD and len(m["runs"]) == 3
     assert m["cycles"] == min(m["runs"]) and m["cycles_per_tick"] > 0
-    # physics: imul r64 (3 cycles) then add (1) on every link: at least 4 cycles an iteration,
-    # less the method's own uncertainty and 2 % for the clock calibration; interference only
-    # slows the fastest run down, so the bound above is generous
-    floor = 4 * n
+    # physics: imul r64 (3 cycles, on every x86 core) on every link: at least 3 cycles an
+    # iteration, less the method's own uncertainty and 2 % for the clock calibration. The
+    # `add $1` after it is not counted: Golden Cove's renamer folds immediate adds (a dependent
+    # `add $1, %reg` chain ran at about 0.2 cycles per add on a Sapphire Rapids guest, and this
+    # loop at 3.04 cycles). Interference only slows the fastest run down, so the bound is
+    # generous.
+    floor, chain = 3 * n, 4 * n  # chain: imul + a 1-cycle add, where the add is not folded
     assert m["cycles"] >= 0.98 * floor - m["overhead_spread_cycles"]
-    assert m["cycles"] <= 1.5 * floor + m["overhead_spread_cycles"]
+    assert m["cycles"] <= 1.5 * chain + m["overhead_spread_cycles"]
     assert m["ipc"] == pytest.approx(executed / m["cycles"])
 
 

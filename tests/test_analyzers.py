@@ -262,8 +262,8 @@ def test_analyzer_targets_follow_the_host():
 
 
 def test_host_microarchitecture_has_targets():
-    """The machine this test runs on is one the tools know (Zen 3 or Zen 4 here): auto never
-    falls back on the reference hosts."""
+    """The machine this test runs on is one the tools know (Zen 3, Zen 4 or Sapphire Rapids
+    here): auto never falls back on the reference hosts."""
     from cpumap.evaluate.analyzers import targets as T
     from cpumap.host import machine as M
     desc = M.describe()

@@ -1,9 +1,9 @@
 """Basic blocks measured as written (BHive's method): hand-assembled blocks on this CPU.
 
 Physics: ``add %rax,%rbx; imul %rbx,%rbx`` carries a chain through RBX from one block to the
-next (add 1 cycle + imul 3 on Zen 3 and Zen 4), so as written it takes 4 cycles per block;
-the same two forms as a multiset (renamed registers, no chain) take about one cycle (one
-multiplier). ``mov 0x10(%rcx,%rdx,8),%rax; add %rax,%r8`` loads through base and index
+next (add 1 cycle + imul 3 on Zen 3, Zen 4 and Golden Cove), so as written it takes 4 cycles
+per block; the same two forms as a multiset (renamed registers, no chain) take about one cycle
+(one multiplier). ``mov 0x10(%rcx,%rdx,8),%rax; add %rax,%r8`` loads through base and index
 registers that point nowhere the harness mapped: its page is mapped on first touch, and the
 block then runs at its add chain's 1 cycle.
 """

@@ -169,6 +169,28 @@ def test_uarch_table(vendor: str, family: int, model: int, stepping: int, name: 
     assert machine.uarch_name(vendor, family, model, stepping) == name
 
 
+@pytest.mark.parametrize(
+    ("vendor", "family", "model", "flags", "name", "corrected"),
+    [
+        # a KVM guest seen here: Rocket Lake's signature with Sapphire Rapids' AMX/FP16 flags
+        ("intel", 6, 0xA7, ["avx512f", "avx512_fp16", "amx_tile"], "sapphirerapids", True),
+        ("intel", 6, 0xA7, ["avx512f", "avx512vl"], "rocketlake", False),
+        ("intel", 6, 0x8F, ["avx512f", "amx_tile"], "sapphirerapids", False),
+        ("intel", 6, 0x01, ["amx_tile"], "sapphirerapids", True),  # unknown signature
+        ("amd", 0x19, 0x01, ["avx2", "avx512f"], "zen4", True),  # a Zen 3 signature cannot
+        ("amd", 0x19, 0x11, ["avx2"], "zen4", False),  # hidden features prove nothing
+    ],
+)
+def test_isa_flags_overrule_an_impossible_signature(vendor: str, family: int, model: int,
+                                                    flags: list[str], name: str,
+                                                    corrected: bool) -> None:
+    got, basis = machine.resolve_uarch(vendor, family, model, 0, flags)
+    assert got == name
+    assert ("never had the ISA flag" in basis) is corrected
+    ident = {"vendor": vendor, "family": family, "model": model, "isa_flags": flags}
+    assert machine.machine_id(ident).startswith(f"{vendor}-{name}-f{family:x}-m{model:x}-")
+
+
 def test_unknown_signature_falls_back_to_numbers() -> None:
     ident = {"vendor": "amd", "family": 21, "model": 2, "isa_flags": ["sse2"]}
     assert re.match(r"^amd-fam21-mod2-[0-9a-f]{8}$", machine.machine_id(ident))

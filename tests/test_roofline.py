@@ -274,6 +274,21 @@ def test_parse_callgrind_self_costs():
     assert mem["mem_bytes"] == 64 * 14
 
 
+@pytest.mark.parametrize(("size", "ways", "line", "want_ways"), [
+    (48 << 10, 12, 64, 12),             # 64 sets already
+    (480 << 20, 16, 64, 30),            # 491,520 sets (a KVM guest's L3) -> 2^18 of 30 ways
+    (32 << 20, 12, 64, 16),             # 43,690.7 sets -> 2^15 of 16 ways
+    (3 << 20, 12, 64, 12),              # 4,096 sets
+    (1 << 20, 1 << 20, 64, 1 << 14),    # more ways than lines: fully associative
+])
+def test_cache_geometry_valgrind_can_simulate(size, ways, line, want_ways):
+    geo = points.simulable_geometry(size, ways, line)
+    sets = geo["bytes"] // (geo["ways"] * geo["line"])
+    assert geo["bytes"] == size and geo["line"] == line
+    assert sets & (sets - 1) == 0  # a power of two, as Valgrind requires
+    assert geo["ways"] == want_ways
+
+
 def test_work_totals_exact():
     code = {0x10: "c4e2f5b810", 0x15: "c5fd1101", 0x19: "f20f5801"}
     w = points.work_totals(code, {0x10: 100, 0x15: 100, 0x19: 3})
@@ -305,8 +320,10 @@ def test_daxpy_point_counts_agree(tmp_path, host):
     by_gdb = points.work_totals(code, counts)
     assert by_cg == by_gdb
     assert by_cg["flops"] == 2 * n and by_cg["core_bytes"] == 24 * n + 8  # + the ret
-    big = points.callgrind_run(binary, "kernel_daxpy", suite.driver_args(1 << 22, 2),
-                               points.callgrind_caches(host))
+    # the DRAM view needs arrays larger than the simulated LL: 64 MiB against an 8 MiB LL (the
+    # host's own may be larger: a KVM guest here reports a 480 MiB L3)
+    caches = points.callgrind_caches(host) | {"LL": points.simulable_geometry(8 << 20, 16, 64)}
+    big = points.callgrind_run(binary, "kernel_daxpy", suite.driver_args(1 << 22, 2), caches)
     mem = points.memory_bytes(big)["mem_bytes"]
     assert mem / (24 * (1 << 22)) == pytest.approx(1.0, rel=0.01)
 

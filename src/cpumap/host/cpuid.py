@@ -23,6 +23,7 @@ __all__ = [
     "cpuid",
     "cpuid_snapshot",
     "decode_signature",
+    "resolve_uarch",
     "uarch_name",
 ]
 
@@ -240,3 +241,40 @@ def uarch_name(
                 return "cascadelake"
         return name
     return None
+
+
+# ISA features that only some generations have, newest signature first: (vendor, the
+# /proc/cpuinfo flag, the generations that have it, oldest first). A hypervisor can hide a
+# feature of the silicon but cannot add one the execution units lack, so a flag that the
+# family/model's generation never had proves that signature wrong, and the oldest generation
+# that has the flag is the nearest the evidence allows. Seen on a KVM guest: family 6 model
+# 0xA7 (Rocket Lake) with amx_tile and avx512_fp16, which a dependent-chain probe also shows
+# to be a Golden Cove core (`add $1, %reg` chains renamed at ~0.2 cycles per add).
+_FEATURE_GENERATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("intel", "amx_tile", ("sapphirerapids", "emeraldrapids")),
+    ("intel", "avx512_fp16", ("sapphirerapids", "emeraldrapids")),
+    ("amd", "avx512f", ("zen4", "zen5")),
+)
+
+
+def resolve_uarch(vendor: str, family: int | None, model: int | None,
+                  stepping: int | None, flags: list[str] | set[str]) -> tuple[str | None, str]:
+    """(microarchitecture, basis): the signature's name unless the ISA flags refute it.
+
+    Why: under a hypervisor family/model are whatever it chooses to expose, and a wrong name
+    sends llvm-mca, OSACA and the roofline's reference table to another CPU. The flags are the
+    better evidence where they disagree (see ``_FEATURE_GENERATIONS``).
+    """
+    name = uarch_name(vendor, family, model, stepping)
+    if name is not None and family is not None and model is not None:
+        basis = f"{vendor} family 0x{family:x} model 0x{model:x} looked up in cpumap's table"
+    else:
+        basis = "signature not in cpumap's table"
+    have = set(flags)
+    for who, flag, owners in _FEATURE_GENERATIONS:
+        if who == vendor and flag in have and (name or "").removeprefix("dhyana-") not in owners:
+            was = f"{name!r}" if name else "an unknown generation"
+            return owners[0], (f"{basis} gives {was}, which never had the ISA flag {flag!r} "
+                               f"that this CPU reports; {owners[0]} is the first generation "
+                               f"with it")
+    return name, basis

@@ -11,9 +11,12 @@ the raw family/model in hex, and a short hash of the ISA flag set::
 
 Under a hypervisor the family/model fields are whatever the hypervisor chooses
 to expose (this project's reference KVM guest reports family 0x19 model 0x11, a
-Zen 4 signature, on a Zen 5 host). We do not guess beyond that evidence: the id
-uses what CPUID says, and ``describe()`` records the raw CPUID leaves, the
-hypervisor, and a caveat, so that a reader can tell.
+Zen 4 signature, on a Zen 5 host; another reports family 6 model 0xA7, Rocket Lake,
+with the AMX and AVX512-FP16 flags of Sapphire Rapids). We do not guess beyond the
+evidence: the id uses what CPUID says, corrected only where the ISA flags prove the
+signature's generation wrong (``resolve_uarch``: a hypervisor can hide features, not
+add them), and ``describe()`` records the raw CPUID leaves, the hypervisor, the basis of
+the name and a caveat, so that a reader can tell.
 
 Everything here is best effort: a probe that fails records ``None`` and the
 reason, and never stops the pipeline.
@@ -41,7 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from cpumap import __version__
-from cpumap.host.cpuid import cpuid, cpuid_snapshot, decode_signature, uarch_name
+from cpumap.host.cpuid import (
+    cpuid,
+    cpuid_snapshot,
+    decode_signature,
+    resolve_uarch,
+    uarch_name,
+)
 from cpumap.host.sysinfo import (
     _cores,
     _lscpu,
@@ -67,6 +76,7 @@ __all__ = [
     "isa_hash",
     "machine_id",
     "parse_cpuinfo",
+    "resolve_uarch",
     "simulated_machine_id",
     "tsc_info",
     "uarch_name",
@@ -223,7 +233,8 @@ def machine_id(desc: dict[str, Any] | None = None) -> str:
     vendor = desc.get("vendor") or _vendor_short(desc.get("vendor_id", "unknown"))
     family, model = desc.get("family"), desc.get("model")
     digest = isa_hash(desc.get("isa_flags", []))
-    name = uarch_name(vendor, family, model, desc.get("stepping"))
+    name, _ = resolve_uarch(vendor, family, model, desc.get("stepping"),
+                            desc.get("isa_flags", []))
     if name is not None and family is not None and model is not None:
         return f"{vendor}-{name.replace('+', 'p')}-f{family:x}-m{model:x}-{digest}"
     fam = "x" if family is None else str(family)
@@ -270,14 +281,14 @@ def describe() -> dict[str, Any]:
             f"/proc/cpuinfo family/model {family}/{model} != CPUID {snap['family']}/{snap['model']}"
         )
     virt = virtualisation_info(flags, snap, lscpu)
-    name = uarch_name(vendor, family, model, stepping)
+    name, basis = resolve_uarch(vendor, family, model, stepping, flags)
     caveat = None
     if virt["virtualised"]:
         caveat = (
             "family/model/stepping are the values the hypervisor "
             f"({virt['hypervisor_vendor'] or 'unknown'}) exposes to this guest; the host chip "
-            "may be another generation, so 'name' is what these CPUID fields denote, not a "
-            "statement about the silicon"
+            "may be another generation, so 'name' is what these CPUID fields and ISA flags "
+            "denote (see 'basis'), not a statement about the silicon"
         )
     desc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -294,11 +305,7 @@ def describe() -> dict[str, Any]:
         "model_name": ident["model_name"],
         "uarch": {
             "name": name,
-            "basis": (
-                f"{vendor} family 0x{family:x} model 0x{model:x} looked up in cpumap's table"
-                if name and family is not None and model is not None
-                else "signature not in cpumap's table"
-            ),
+            "basis": basis,
             "caveat": caveat,
             "cpuinfo_cpuid_disagreement": disagreement,
         },

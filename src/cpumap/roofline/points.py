@@ -194,13 +194,29 @@ def callgrind_run(binary: Path, function: str, args: Sequence[str], caches: Mapp
         return parse_callgrind(dumps[-1].read_text(), function)
 
 
+def simulable_geometry(size: int, ways: int, line: int) -> dict:
+    """A cache geometry Valgrind can simulate: same size and line, a power-of-two set count.
+
+    Why: Valgrind's cache simulator needs 2^k sets (size = sets x ways x line) and refuses
+    anything else, while caches need not have them (a KVM guest here reports a 480 MiB,
+    16-way L3: 491,520 sets). The sets become the largest power of two at or below the real
+    count that divides the number of lines, and the associativity takes the rest (262,144
+    sets of 30 ways there): the same size and line, as many sets as the rule allows.
+    """
+    lines = max(1, size // line)
+    sets = 1 << (max(1, lines // ways).bit_length() - 1)
+    while lines % sets:
+        sets >>= 1
+    return {"bytes": lines * line, "ways": lines // sets, "line": line}
+
+
 def callgrind_caches(machine: Mapping) -> dict[str, dict]:
     """I1, D1 and LL (the last level) geometry of machine.json for callgrind."""
     out: dict[str, dict] = {}
     caches = machine.get("caches", [])
     for c in caches:
-        geo = {"bytes": int(c["size_bytes"]), "ways": int(c.get("ways") or 8),
-               "line": int(c.get("line_bytes") or LINE)}
+        geo = simulable_geometry(int(c["size_bytes"]), int(c.get("ways") or 8),
+                                 int(c.get("line_bytes") or LINE))
         if c.get("level") == 1 and c.get("type") == "Instruction":
             out["I1"] = geo
         elif c.get("level") == 1 and c.get("type") == "Data":
@@ -208,8 +224,8 @@ def callgrind_caches(machine: Mapping) -> dict[str, dict]:
     last = [c for c in caches if c.get("type") in ("Unified", "Data")]
     if last:
         c = max(last, key=lambda c: c["level"])
-        out["LL"] = {"bytes": int(c["size_bytes"]), "ways": int(c.get("ways") or 16),
-                     "line": int(c.get("line_bytes") or LINE)}
+        out["LL"] = simulable_geometry(int(c["size_bytes"]), int(c.get("ways") or 16),
+                                       int(c.get("line_bytes") or LINE))
     return out
 
 
