@@ -142,6 +142,22 @@ def test_sweep_sizes_default_and_campaign():
     assert big[1] == 4871 // 1024 * 1024 + 1024  # 4096 x 2^(1/4) = 4871 -> 5120
 
 
+def test_sweep_sizes_capped_for_a_huge_llc():
+    """A guest reporting a 480 MiB L3: the 1 GiB cap keeps the DRAM points at 2x the LLC."""
+    huge = [{"level": 1, "bytes": 48 << 10, "shared_cpus": 1},
+            {"level": 2, "bytes": 2 << 20, "shared_cpus": 1},
+            {"level": 3, "bytes": 480 << 20, "shared_cpus": 2}]
+    free = sweep.sweep_sizes(huge, per_level=3, threads=2)
+    capped = sweep.sweep_sizes(huge, per_level=3, threads=2, max_bytes=1 << 30)
+    assert max(free) == 8 * (480 << 20) and max(capped) == 1 << 30
+    assert capped[:-3] == free[:-3]  # the cache levels are swept as before
+    assert all(2 * (480 << 20) <= s <= 1 << 30 for s in capped[-3:])
+    # a cap below 2x the LLC is raised to it; a cap above max_factor x the LLC changes nothing
+    assert max(sweep.sweep_sizes(huge, max_bytes=1 << 20)) == 2 * (480 << 20)
+    assert sweep.sweep_sizes(ZEN4_CACHES, threads=2, max_bytes=1 << 30) == \
+        sweep.sweep_sizes(ZEN4_CACHES, threads=2)
+
+
 # ----------------------------------------------------------------------------- plateaus
 
 

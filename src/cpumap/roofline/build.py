@@ -27,8 +27,8 @@ DEFAULTS: dict = {
     "cpus": None,
     "compute_bench": {"min_reps": 32},
     "sweep": {"kinds": list(sweep.KINDS), "per_level": 3, "per_octave": 0, "max_factor": 8.0,
-              "reps": 3, "rounds": 3, "min_ms": 0.05, "quiet_reps": 3, "max_reps": 64,
-              "point_ms": 5.0, "min_step": 0.08},
+              "max_bytes": None, "reps": 3, "rounds": 3, "min_ms": 0.05, "quiet_reps": 3,
+              "max_reps": 64, "point_ms": 5.0, "min_step": 0.08},
 }
 
 
@@ -99,7 +99,8 @@ def sweep_plan(machine: Mapping, cfg: Mapping) -> tuple[list[int], dict[str, lis
     sc = cfg["sweep"]
     sizes = sweep.sweep_sizes(levels, per_level=int(sc["per_level"]),
                               per_octave=int(sc["per_octave"]),
-                              max_factor=float(sc["max_factor"]), threads=len(cpus))
+                              max_factor=float(sc["max_factor"]), threads=len(cpus),
+                              max_bytes=sc.get("max_bytes"))
     scopes = {"one_core": cpus[:1]}
     if len(cpus) > 1:
         scopes["all_cores"] = cpus

@@ -73,7 +73,8 @@ def _geom(lo: float, hi: float, n: int) -> list[int]:
 
 
 def sweep_sizes(levels: Sequence[Mapping], *, per_level: int = 3, per_octave: int = 0,
-                max_factor: float = 8.0, threads: int = 1) -> list[int]:
+                max_factor: float = 8.0, threads: int = 1,
+                max_bytes: float | None = None) -> list[int]:
     """Working-set sizes (bytes, multiples of 1 KiB): 4 KiB to max_factor x the LLC.
 
     per_octave > 0: that many points per doubling over the whole range (big campaigns).
@@ -81,9 +82,17 @@ def sweep_sizes(levels: Sequence[Mapping], *, per_level: int = 3, per_octave: in
     level's capacity and half this level's (the shared last level: half its share per
     thread) -- and as many DRAM points between 4x and max_factor x the LLC: a short sweep that
     still shows every plateau.
+
+    ``max_bytes`` caps the largest working set, never below twice the LLC (a cyclic sweep of
+    twice an LRU-like cache misses on every line). Why: the sweep's time grows with the bytes
+    it touches, and some guests report an enormous LLC (480 MiB here on a Sapphire Rapids-class
+    KVM guest: its 2-4 GB DRAM points took 1,000 of the sweep's 1,011 measured seconds). Under
+    the cap the DRAM points run from twice the LLC to the cap.
     """
     llc = max(lv["bytes"] for lv in levels)
     top = max_factor * llc
+    if max_bytes is not None:
+        top = max(2 * llc, min(top, float(max_bytes)))
     if per_octave > 0:
         n = int(math.ceil(math.log2(top / MIN_BYTES) * per_octave)) + 1
         raw = [MIN_BYTES * 2 ** (i / per_octave) for i in range(n)]
@@ -94,7 +103,7 @@ def sweep_sizes(levels: Sequence[Mapping], *, per_level: int = 3, per_octave: in
             share = lv["bytes"] / max(1, min(threads, lv["shared_cpus"]))
             raw += _geom(max(MIN_BYTES, 2 * prev), share / 2, per_level)
             prev = share
-        raw += _geom(min(4 * llc, top), top, per_level)
+        raw += _geom(max(2 * llc, min(4 * llc, top / 2)), top, per_level)
     sizes = sorted({max(MIN_BYTES, int(round(s / 1024)) * 1024) for s in raw})
     return [s for s in sizes if s <= top * 1.0001]
 
