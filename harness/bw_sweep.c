@@ -19,8 +19,11 @@
  *
  * Usage: bw_sweep --kinds read,write,copy,triad,ntwrite --sizes 16384,1048576,...
  *                 --cpus 0,1 --reps K --min-ms M [--quiet-reps Q --max-reps R --point-ms B]
+ *                 [--max-point-ms C]
  * (at least K repetitions per point; more, up to R, until Q of them ran undisturbed and the
- * point's repetitions took B ms in all)
+ * point's repetitions took B ms in all; but none past K once they took C ms, when C > 0: a
+ * DRAM repetition of 70-250 ms nearly always sees a context switch on a shared 2-vCPU guest,
+ * so without C every DRAM point ran R repetitions, 100 s for each 1 GiB point)
  * Output: one JSON line per (kind, size) on stdout, then a final {"done": ...} line.
  * Exit codes: 0 ok, 2 bad arguments, 1 allocation or thread failure.
  */
@@ -273,7 +276,7 @@ int main(int argc, char **argv)
 {
     long sizes[MAX_SIZES], cpus[MAX_THREADS];
     int nsizes = 0, ncpus = 0, reps = 3, quiet_reps = 0, max_reps = 64;
-    double min_ms = 20.0, point_ms = 0.0;
+    double min_ms = 20.0, point_ms = 0.0, max_point_ms = 0.0;
     int kinds[K_COUNT], nkinds = 0;
     (void)papi_start; /* the shared header's PAPI helper is not needed for bandwidth */
     for (int i = 1; i < argc; i++) {
@@ -295,6 +298,8 @@ int main(int argc, char **argv)
             min_ms = atof(val);
         } else if (!strcmp(opt, "--point-ms")) {
             point_ms = atof(val);
+        } else if (!strcmp(opt, "--max-point-ms")) {
+            max_point_ms = atof(val);
         } else if (!strcmp(opt, "--kinds")) {
             char tmp[256];
             snprintf(tmp, sizeof tmp, "%s", val);
@@ -312,7 +317,8 @@ int main(int argc, char **argv)
     }
     if (max_reps > 64)
         max_reps = 64;
-    if (nsizes <= 0 || ncpus <= 0 || nkinds <= 0 || reps < 1 || min_ms <= 0 || max_reps < reps)
+    if (nsizes <= 0 || ncpus <= 0 || nkinds <= 0 || reps < 1 || min_ms <= 0 || max_reps < reps ||
+        max_point_ms < 0)
         goto usage;
     for (int i = 0; i < nsizes; i++)
         if (sizes[i] < CHUNK * 3)
@@ -387,8 +393,10 @@ int main(int argc, char **argv)
              * few where a pass takes milliseconds anyway (DRAM) */
             int nr = 0, quiet = 0;
             double point_ns = 0.0;
-            for (int r = 0; r < max_reps && (r < reps || quiet < quiet_reps ||
-                                             point_ns < point_ms * 1e6);
+            for (int r = 0; r < max_reps && (r < reps || ((quiet < quiet_reps ||
+                                                            point_ns < point_ms * 1e6) &&
+                                                           (max_point_ms <= 0 ||
+                                                            point_ns < max_point_ms * 1e6)));
                  r++, nr++) {
                 pthread_barrier_wait(&sh.start);
                 uint64_t t0 = tsc_begin();
@@ -438,7 +446,7 @@ int main(int argc, char **argv)
 usage:
     fprintf(stderr, "usage: bw_sweep --kinds read,write,copy,triad,ntwrite --sizes B1,B2,... "
                     "--cpus C1,C2,... [--reps K] [--min-ms M] [--quiet-reps Q] [--max-reps R]"
-                    " [--point-ms B]"
+                    " [--point-ms B] [--max-point-ms C]"
                     "  (sizes >= %d bytes)\n",
             CHUNK * 3);
     return 2;

@@ -28,7 +28,7 @@ DEFAULTS: dict = {
     "compute_bench": {"min_reps": 32},
     "sweep": {"kinds": list(sweep.KINDS), "per_level": 3, "per_octave": 0, "max_factor": 8.0,
               "max_bytes": None, "reps": 3, "rounds": 3, "min_ms": 0.05, "quiet_reps": 3,
-              "max_reps": 64, "point_ms": 5.0, "min_step": 0.08},
+              "max_reps": 64, "point_ms": 5.0, "max_point_ms": 0.0, "min_step": 0.08},
 }
 
 
@@ -115,7 +115,8 @@ def run_sweep(binary: Path, machine: Mapping, cfg: Mapping,
     df = sweep.sweep_frame(binary, sc["kinds"], sizes, scopes, reps=int(sc["reps"]),
                            rounds=int(sc["rounds"]), min_ms=float(sc["min_ms"]),
                            quiet_reps=int(sc["quiet_reps"]), max_reps=int(sc["max_reps"]),
-                           point_ms=float(sc["point_ms"]), progress=progress)
+                           point_ms=float(sc["point_ms"]),
+                           max_point_ms=float(sc["max_point_ms"]), progress=progress)
     df["machine_id"] = machine["machine_id"]
     df["timestamp"] = pd.Timestamp(datetime.now(UTC)).floor("us")
     return df

@@ -113,7 +113,8 @@ def sweep_sizes(levels: Sequence[Mapping], *, per_level: int = 3, per_octave: in
 
 def run_sweep(binary: Path, kinds: Iterable[str], sizes: Sequence[int], cpus: Sequence[int], *,
               reps: int = 3, min_ms: float = 20.0, quiet_reps: int = 0, max_reps: int = 64,
-              point_ms: float = 0.0, timeout_s: float = 3600.0) -> dict:
+              point_ms: float = 0.0, max_point_ms: float = 0.0,
+              timeout_s: float = 3600.0) -> dict:
     """Run bw_sweep once; return {"points": [...], "meta": {...}} as the program printed them."""
     kinds = list(kinds)
     bad = [k for k in kinds if k not in KINDS]
@@ -122,7 +123,7 @@ def run_sweep(binary: Path, kinds: Iterable[str], sizes: Sequence[int], cpus: Se
     cmd = [str(binary), "--kinds", ",".join(kinds), "--sizes", ",".join(map(str, sizes)),
            "--cpus", ",".join(map(str, cpus)), "--reps", str(reps), "--min-ms", str(min_ms),
            "--quiet-reps", str(quiet_reps), "--max-reps", str(max(reps, max_reps)),
-           "--point-ms", str(point_ms)]
+           "--point-ms", str(point_ms), "--max-point-ms", str(max_point_ms)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         raise SweepError(f"{' '.join(cmd)} exited with {proc.returncode}: {proc.stderr[-2000:]}")
@@ -346,19 +347,23 @@ def plateau_dicts(plateaus: Iterable[Plateau]) -> list[dict]:
 def sweep_frame(binary: Path, kinds: Iterable[str], sizes: Sequence[int],
                 scopes: Mapping[str, Sequence[int]], *, reps: int = 3, rounds: int = 3,
                 min_ms: float = 10.0, quiet_reps: int = 0, max_reps: int = 64,
-                point_ms: float = 0.0, progress=None) -> pd.DataFrame:
+                point_ms: float = 0.0, max_point_ms: float = 0.0,
+                progress=None) -> pd.DataFrame:
     """Raw rows of ``rounds`` passes over every scope (name -> CPUs), K = reps x rounds.
 
     Interference on a shared host comes in bursts; separate passes put a point's
     repetitions seconds apart, so min-of-K finds a quiet one (as campaign.split_repetitions).
     Each pass takes at least ``reps`` repetitions of a point and more, up to ``max_reps``,
-    until ``quiet_reps`` ran without any measuring thread being switched out.
+    until ``quiet_reps`` ran without any measuring thread being switched out, but no more
+    than ``reps`` once the point's repetitions took ``max_point_ms`` (when > 0: long DRAM
+    repetitions are nearly never undisturbed on a shared guest, and a switch costs them little).
     """
     frames = []
     for rnd in range(rounds):
         for scope, cpus in scopes.items():
             res = run_sweep(binary, kinds, sizes, cpus, reps=reps, min_ms=min_ms,
-                            quiet_reps=quiet_reps, max_reps=max_reps, point_ms=point_ms)
+                            quiet_reps=quiet_reps, max_reps=max_reps, point_ms=point_ms,
+                            max_point_ms=max_point_ms)
             df = to_frame(res, scope)
             df["round"] = rnd
             df["rep"] = df["rep"] + rnd * max(reps, max_reps)
