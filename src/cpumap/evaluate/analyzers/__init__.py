@@ -69,12 +69,14 @@ ANALYZERS = ["model", "native", "written", "loop", "llvm-mca", "osaca"]
 
 #: Analyzers of the seed's harness that are not run here, and why.
 UNAVAILABLE = {
-    "uiCA": "models Intel microarchitectures only (Sandy Bridge to Rocket/Alder Lake); this "
-            "host is AMD Zen 4",
+    "uiCA": "models Intel cores only, Sandy Bridge to Rocket/Alder Lake (no AMD core, no "
+            "Sapphire Rapids), and ships as source that needs Intel XED built from source: "
+            "neither is in PyPI or Debian, the registries cpumap installs from",
     "IACA": "Intel's analyzer, discontinued in 2019: Intel microarchitectures only (Haswell "
             "to Skylake), a closed-source binary not packaged for Debian",
     "Ithemal": "learned model trained on BHive measurements of Intel CPUs (Ivy Bridge, "
-               "Haswell, Skylake); there is no Zen 4 model and no Zen 4 training data",
+               "Haswell, Skylake): no model of a newer Intel or of any AMD core, and no package "
+               "in PyPI or Debian",
     "Gus": "QEMU-based dynamic analyzer from F. Gruber's PhD work: no public release to "
            "install",
 }
