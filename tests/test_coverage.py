@@ -26,6 +26,12 @@ def test_corpus_coverage_weighs_blocks_by_frequency_and_names_what_is_missing(tm
     (all_,) = coverage.corpus_coverage({"app": src}, catalogue,
                                        {"ADD_R64_R64", "IMUL_R64_R64"})
     assert all_.share == pytest.approx(0.75)
+    # LEAVE is excluded by the catalogue and ADD modelled: the model analyzer predicts that
+    # block from ADD with a flag; the IMUL block (a measurable form the model lacks) is a hole
+    assert (cov.blocks_flagged, cov.share_flagged) == (1, pytest.approx(0.75))
+    assert all_.share_flagged == pytest.approx(1.0)
+    (alone,) = coverage.corpus_coverage({"app": src}, catalogue, set())
+    assert alone.share_flagged == 0.0  # no modelled form in any block: nothing to predict from
     bad = tmp_path / "bad.csv"
     bad.write_text("zz,1\n")
     with pytest.raises(ValueError, match="bad.csv:1"):
@@ -46,6 +52,6 @@ def test_suite_coverage_counts_executed_instructions_without_terminators(catalog
     (cov,) = coverage.suite_coverage(blocks, counts, {"ADD_R64_R64", "IMUL_R64_R64"},
                                      catalogue)
     # block 0: 100 x 2 instructions (the jne left out) predicted; block 1: 2 not (LEAVE)
-    assert cov.total == 202 and cov.covered == 200
+    assert cov.total == 202 and cov.covered == 200 and cov.flagged == 2
     assert cov.share == pytest.approx(200 / 202)
     assert [k.split(" ")[0] for k in cov.missing] == ["LEAVE"]

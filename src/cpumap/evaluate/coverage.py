@@ -11,6 +11,12 @@ different questions:
 - **corpus**: per application, the share of blocks (weighted by the corpus's frequency column)
   whose every instruction maps to a modelled form.
 
+Beside each, the share the model analyzer still predicts with a flag (``share_flagged``): a
+block whose missing instructions are all forms the catalogue excludes (CPUID's VM exit, x87,
+LEAVE...) and that holds at least one modelled form is predicted from the rest, as a lower
+bound with a note (``cpumap.evaluate.analyzers.internal.ModelAnalyzer``), never a hole; a form
+the catalogue measures but the model lacks, or one the catalogue has not, stays a hole.
+
 Each missing instruction is named with why: the form is not in the model, the catalogue
 excludes it (its reason), or the catalogue has no such form (iced-x86's code name).
 """
@@ -41,6 +47,9 @@ class Coverage:
     total: float = 0.0
     blocks: int = 0
     blocks_covered: int = 0
+    #: blocks predicted with a flag (every missing instruction excluded by the catalogue)
+    flagged: float = 0.0
+    blocks_flagged: int = 0
     #: "FORM (why)" -> weight of the blocks it kept from being predicted
     missing: Counter = field(default_factory=Counter)
     #: blocks holding both legacy-SSE and 256-bit AVX forms (``cpumap.isa.transition``:
@@ -48,8 +57,10 @@ class Coverage:
     mixing_blocks: int = 0
     mixing_weight: float = 0.0
 
-    def add(self, weight: float, missing: list[str], mixes: bool = False) -> None:
-        """One block of this weight, predicted unless something in it is ``missing``."""
+    def add(self, weight: float, missing: list[str], mixes: bool = False,
+            flagged: bool = False) -> None:
+        """One block of this weight, predicted unless something in it is ``missing``;
+        ``flagged``: predicted all the same, from its other forms, with a note."""
         self.blocks += 1
         self.total += weight
         if mixes:
@@ -58,6 +69,9 @@ class Coverage:
         if missing:
             for why in set(missing):
                 self.missing[why] += weight
+            if flagged:
+                self.blocks_flagged += 1
+                self.flagged += weight
         else:
             self.blocks_covered += 1
             self.covered += weight
@@ -66,9 +80,14 @@ class Coverage:
     def share(self) -> float:
         return self.covered / self.total if self.total > 0 else float("nan")
 
+    @property
+    def share_flagged(self) -> float:
+        """Predicted at all: fully modelled, or flagged (see the module docstring)."""
+        return (self.covered + self.flagged) / self.total if self.total > 0 else float("nan")
+
     def row(self, top: int = 5) -> dict[str, Any]:
-        return {"name": self.name, "share": self.share, "blocks": self.blocks,
-                "blocks_covered": self.blocks_covered,
+        return {"name": self.name, "share": self.share, "share_flagged": self.share_flagged,
+                "blocks": self.blocks, "blocks_covered": self.blocks_covered,
                 "sse_avx_mixing": self.mixing_blocks,
                 "top_missing": "; ".join(f"{k} {v / self.total:.2%}"
                                          for k, v in self.missing.most_common(top))}
@@ -81,7 +100,7 @@ class _Forms:
         self.cat = catalogue
         self.modelled = set(modelled)
         self.fams = transition.families(catalogue.df)
-        self.cache: dict[str, tuple[list[str], bool]] = {}
+        self.cache: dict[str, tuple[list[str], bool, bool]] = {}
 
     def why(self, form: str, code: str) -> str:
         if not form:
@@ -91,17 +110,21 @@ class _Forms:
             return f"{form} (excluded: {row.reason})"
         return f"{form} (not modelled)"
 
-    def _block(self, hexes: str) -> tuple[list[str], bool]:
+    def _block(self, hexes: str) -> tuple[list[str], bool, bool]:
         """(why each instruction the model does not hold is missing, whether the block holds
-        legacy-SSE and 256-bit AVX forms both), decoded once per distinct block."""
+        legacy-SSE and 256-bit AVX forms both, whether it is predicted with a flag), decoded
+        once per distinct block."""
         hit = self.cache.get(hexes)
         if hit is None:
             insns = x86.decode_all(bytes.fromhex(hexes))
             forms = [self.cat.by_key.get(x86.form_key(ins), "") for ins in insns]
+            lacking = [f for f in forms if f not in self.modelled]
+            flagged = (bool(lacking) and len(lacking) < len(forms)
+                       and all(f and self.cat.by_name[f].status != "ok" for f in lacking))
             hit = self.cache[hexes] = (
                 [self.why(form, x86.CODE_NAMES[ins.code])
                  for ins, form in zip(insns, forms, strict=True) if form not in self.modelled],
-                transition.mixes(forms, self.fams))
+                transition.mixes(forms, self.fams), flagged)
         return hit
 
     def missing(self, hexes: str) -> list[str]:
@@ -111,6 +134,10 @@ class _Forms:
     def mixes(self, hexes: str) -> bool:
         """Whether the block holds legacy-SSE and 256-bit AVX forms both."""
         return self._block(hexes)[1]
+
+    def flagged(self, hexes: str) -> bool:
+        """Whether the model analyzer predicts the block with a flag (module docstring)."""
+        return self._block(hexes)[2]
 
 
 def read_corpus(path: Path | str) -> list[tuple[str, float]]:
@@ -136,7 +163,7 @@ def corpus_coverage(sources: Mapping[str, Path], catalogue: Catalogue,
     for name, path in sources.items():
         cov = Coverage(name)
         for hexes, freq in read_corpus(path):
-            cov.add(freq, forms.missing(hexes), forms.mixes(hexes))
+            cov.add(freq, forms.missing(hexes), forms.mixes(hexes), forms.flagged(hexes))
         out.append(cov)
     return out
 
@@ -160,7 +187,7 @@ def suite_coverage(blocks: pd.DataFrame, counts: pd.DataFrame,
         # a block that never runs weighs nothing (it still counts as a block predicted or not)
         code = "".join(hexes)
         cov.add(n * len(hexes), forms.missing(code) if hexes else [],
-                forms.mixes(code) if hexes else False)
+                forms.mixes(code) if hexes else False, bool(hexes) and forms.flagged(code))
     return [out[k] for k in sorted(out)]
 
 
@@ -172,6 +199,8 @@ def summary(items: list[Coverage]) -> Coverage:
         total.total += c.total
         total.blocks += c.blocks
         total.blocks_covered += c.blocks_covered
+        total.flagged += c.flagged
+        total.blocks_flagged += c.blocks_flagged
         total.missing.update(c.missing)
         total.mixing_blocks += c.mixing_blocks
         total.mixing_weight += c.mixing_weight
