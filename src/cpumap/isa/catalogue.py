@@ -22,7 +22,7 @@ from elftools.elf.elffile import ELFFile
 from iced_x86 import Code, OpCodeInfo
 
 from cpumap.isa import x86
-from cpumap.isa.x86 import CODE_NAMES, FormError, FormSpec
+from cpumap.isa.x86 import CODE_NAMES, STRING_REASON, FormError, FormSpec
 
 # iced CPUID feature -> /proc/cpuinfo flag; None: part of every x86-64 CPU.
 CPUID_FLAGS: dict[str, str | None] = {
@@ -218,7 +218,7 @@ def _exclusion(spec: FormSpec, oc: OpCodeInfo, flags: set[str], virtual: bool) -
     if ex["stack"] and not stack_ok:
         return STACK_EXCLUDED.get(ex["mnemonic"], "modifies the stack pointer")
     if ex["string"]:
-        return "string instruction (implicit RSI/RDI/RCX)"
+        return STRING_REASON
     if ex["implicit_mem"] and not stack_ok:
         return "implicit memory operand"
     feats = ex["cpuid"]
@@ -396,6 +396,14 @@ class Catalogue:
         self.by_upper = {n.upper(): n for n in self.by_name}
         self.by_key = {(r.code, bool(r.mem)): r.name for r in df.itertuples(index=False)
                        if r.spec}
+        # forms excluded before an operand spec was made (x87's register stack, gathers,
+        # privileged forms...) are still named, so that a decoded instruction says why it is
+        # left out instead of "not in the catalogue" (and the model analyzer predicts its
+        # block from the rest, flagged); a form with a spec keeps its key. String forms stay
+        # unnamed: a block's `rep movs`/`rep stos` is measured as a whole (evaluate.blocks)
+        for r in df.itertuples(index=False):
+            if not r.spec and r.status != "ok" and r.reason != STRING_REASON:
+                self.by_key.setdefault((r.code, bool(r.mem)), r.name)
         self._specs: dict[str, FormSpec] = {}
 
     @classmethod

@@ -83,15 +83,18 @@ _IMM_KINDS = {
 }
 _FIXED_KINDS = {"AL", "AX", "EAX", "RAX", "CL"}
 
+#: Why string forms are excluded (they are measured as whole `rep` blocks instead).
+STRING_REASON = "string instruction (implicit RSI/RDI/RCX)"
+
 # Operand kinds that make a form unmeasurable by construction, with the reason recorded.
 UNSUPPORTED_KINDS = {
     "ST0": "x87 register stack", "STI_OPCODE": "x87 register stack",
     "SEG_REG": "segment register operand", "FS": "segment register operand",
     "GS": "segment register operand", "DX": "port I/O",
     "MEM_OFFS": "absolute (moffs) memory address",
-    "ES_RDI": "string instruction (implicit RSI/RDI/RCX)",
-    "SEG_RSI": "string instruction (implicit RSI/RDI/RCX)",
-    "SEG_RDI": "string instruction (implicit RSI/RDI/RCX)",
+    "ES_RDI": STRING_REASON,
+    "SEG_RSI": STRING_REASON,
+    "SEG_RDI": STRING_REASON,
     "SEG_RBX_AL": "implicit memory addressing through RBX",
     "MEM_VSIB32X": "gather/scatter (VSIB index vectors not generated yet)",
     "MEM_VSIB32Y": "gather/scatter (VSIB index vectors not generated yet)",
