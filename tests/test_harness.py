@@ -195,6 +195,24 @@ def test_parse_errors_name_the_line(tmp_path):
                           harness_bin=fake)
 
 
+def test_impossible_counter_value_fails_its_kernel_not_the_batch(tmp_path):
+    """A kernel that wrote into the harness's memory (seen: BTC with a register bit offset left
+    ticks1 = 0xaaaaaaaa0000661e): that kernel fails with the value named, the next one stands."""
+    fake = tmp_path / "fake_bench"
+    lines = ["clock\ttsc-calibrated\tderived", "calib\tbefore\t1.5\t1000\t1500",
+             "row\t0\ta\t0\t12297829379609749022\t3000\t-1\t-1\t10\t20\t-1\t-1",
+             "end\t0\t1\t1\t20000",
+             "row\t1\tb\t0\t1000\t3000\t-1\t-1\t10\t20\t-1\t-1", "end\t1\t1\t1\t20000",
+             "calib\tafter\t1.5\t1000\t1500", "done\t2\t0"]
+    fake.write_text("#!/bin/sh\nprintf '" + "\\n".join(lines) + "\\n'\n")
+    fake.chmod(0o755)
+    res = harness.run_batch(Path("x.so"), 2, reps=1, warmup=0, cpu=None, timeout_s=1,
+                            harness_bin=fake)
+    assert res.failures == {0: "impossible ticks1 0xaaaaaaaa0000661e: the kernel wrote into "
+                                "the harness's memory"}
+    assert [r["index"] for r in res.rows] == [1] and res.rows[0]["ticks2"] == 3000
+
+
 def test_row_cycles():
     row = {"ticks1": 100, "ticks2": 300, "cycles1": 150, "cycles2": 420}
     assert harness.row_cycles(row, "tsc-calibrated", 1.5) == 300.0

@@ -25,11 +25,23 @@ def test_names_unique_and_reasons_recorded(catalogue_df):
     ("HLT", "privileged"),
     ("FADD_M32", "x87"),
     ("CPUID", "VM exit"),
+    ("BTC_M16_R16", "bit-string addressing"),
+    ("BT_M64_R64", "bit-string addressing"),
 ])
 def test_known_exclusions(catalogue, name, reason):
     row = catalogue.by_name[name]
     assert row.status == "excluded"
     assert reason in row.reason
+
+
+def test_bit_tests_on_memory_only_with_an_immediate_offset(catalogue_df):
+    """A register bit offset addresses memory outside the operand; an immediate one does not
+    (the offset is taken modulo the operand width), and register operands are harmless."""
+    bits = catalogue_df[catalogue_df.mnemonic.isin(["BT", "BTC", "BTR", "BTS"])]
+    mem_reg = bits.name.str.fullmatch(r"BT[CRS]?_M\d+_R\d+")
+    assert mem_reg.sum() == 12
+    assert (bits[mem_reg].reason.str.startswith("bit-string addressing")).all()
+    assert (bits[~mem_reg].status == "ok").all(), bits[~mem_reg & (bits.status != "ok")]
 
 
 def test_pushes_and_pops_are_measurable(catalogue):
