@@ -210,6 +210,8 @@ STACK_EXCLUDED = {
 }
 
 
+#: Why control-flow forms are excluded (the reason starts with it, then the kind of flow).
+CONTROL_FLOW = "control flow"
 #: Bit tests on memory with the bit offset in a register address the bit string, not the
 #: operand: ``btc %ax, (%rbx)`` touches (%rbx) + 2 * (AX >> 4), anywhere within +-4 KiB (r16),
 #: +-256 MiB (r32) or the whole address space (r64) of the operand. With the generator's
@@ -224,7 +226,7 @@ BIT_STRING_REASON = ("bit-string addressing: the register bit offset reaches mem
 def _exclusion(spec: FormSpec, oc: OpCodeInfo, flags: set[str], virtual: bool) -> str:
     ex = spec.extras
     if ex["flow"] != "NEXT":
-        return f"control flow ({ex['flow'].lower()})"
+        return f"{CONTROL_FLOW} ({ex['flow'].lower()})"
     stack_ok = ex["stack"] and ex["mnemonic"] in STACK_MEASURED
     if ex["stack"] and not stack_ok:
         return STACK_EXCLUDED.get(ex["mnemonic"], "modifies the stack pointer")
@@ -412,10 +414,12 @@ class Catalogue:
         # forms excluded before an operand spec was made (x87's register stack, gathers,
         # privileged forms...) are still named, so that a decoded instruction says why it is
         # left out instead of "not in the catalogue" (and the model analyzer predicts its
-        # block from the rest, flagged); a form with a spec keeps its key. String forms stay
-        # unnamed: a block's `rep movs`/`rep stos` is measured as a whole (evaluate.blocks)
+        # block from the rest, flagged); a form with a spec keeps its key. Control flow and
+        # string forms stay unnamed: blocks end at the one, and a block's `rep movs`/`rep stos`
+        # is measured as a whole (evaluate.blocks)
         for r in df.itertuples(index=False):
-            if not r.spec and r.status != "ok" and r.reason != STRING_REASON:
+            if not r.spec and r.status != "ok" and r.reason != STRING_REASON \
+                    and not r.reason.startswith(CONTROL_FLOW):
                 self.by_key.setdefault((r.code, bool(r.mem)), r.name)
         self._specs: dict[str, FormSpec] = {}
 
