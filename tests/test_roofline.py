@@ -253,10 +253,10 @@ def test_sweep_program_tiny(bw_bin):
 
 
 def test_sweep_point_time_cap_stops_repetitions(bw_bin):
-    """point_ms asks for 1 s of repetitions a point; max_point_ms (0.2 ms, less than 2 of them
-    take at min_ms 0.2) stops each point at reps; without it the 1 s asks for max_reps."""
+    """point_ms asks for 1 s of repetitions a point; max_point_ms (1 us, less than any one
+    repetition takes) stops each point at reps; without it the 1 s asks for max_reps."""
     kw = {"reps": 2, "min_ms": 0.2, "quiet_reps": 64, "max_reps": 8, "point_ms": 1000.0}
-    capped = sweep.run_sweep(bw_bin, ["read"], [4096], [0], max_point_ms=0.2, **kw)
+    capped = sweep.run_sweep(bw_bin, ["read"], [4096], [0], max_point_ms=0.001, **kw)
     free = sweep.run_sweep(bw_bin, ["read"], [4096], [0], **kw)
     assert [len(p["ticks"]) for p in capped["points"]] == [2]
     assert [len(p["ticks"]) for p in free["points"]] == [8]
