@@ -38,6 +38,11 @@ def test_families_from_the_catalogue(catalogue_df):
     assert fams[AVX] == fams["VADDPD_ZMM_ZMM_ZMM"] == transition.AVX  # EVEX.512 too
     for neither in ("VADDPD_XMM_XMM_XMM", "ADD_R64_R64", "VZEROUPPER"):
         assert neither not in fams
+    # the vector length counts, not only the registers: VEX.256 with an xmm destination (200
+    # cycles per switch beside ADDPD on a Sapphire Rapids guest); a mask destination never paid
+    assert fams["VCVTPD2PS_XMM_M256"] == fams["VCVTPD2PS_XMM_YMM"] == transition.AVX
+    assert "VCVTPD2PS_XMM_M128" not in fams
+    assert "VFPCLASSPD_K_M256_I8" not in fams
 
 
 def test_switches_of_a_loop_body():

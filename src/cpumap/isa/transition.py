@@ -11,10 +11,10 @@ hundred times an instruction's. So the catalogue stage measures it on the host
 (:mod:`cpumap.measure.transition`); where it exists, the model never mixes the two families
 in a kernel and predictions add the measured cost per switch.
 
-A form's family comes from the catalogue's encoding and register operands: ``sse`` for a
-legacy-encoded form with an xmm register, ``avx`` for a VEX or EVEX form with a ymm or zmm
+A form's family comes from the catalogue's encoding and operands: ``sse`` for a legacy-encoded
+form with an xmm register, ``avx`` for a VEX or EVEX form of 256 or 512 bits with a vector
 register (it leaves the upper halves dirty). Everything else (general-purpose, VEX.128 forms
-that zero the upper halves, MMX, x87) is in neither and never switches.
+that zero the upper halves, mask destinations, MMX, x87) is in neither and never switches.
 """
 
 from __future__ import annotations
@@ -36,12 +36,19 @@ def operands(value: Any) -> list[dict[str, Any]]:
 
 def family(encoding: str, ops: Any) -> str | None:
     """``sse``, ``avx`` or None for a catalogue row's ``encoding`` and ``operands`` (``ops``)."""
-    widths = {int(o.get("width", 0)) for o in operands(ops)
+    ops = operands(ops)
+    widths = {int(o.get("width", 0)) for o in ops
               if o.get("kind") == "reg" and o.get("cls") == "VEC"}
     if encoding == "LEGACY" and 128 in widths:
         return SSE
-    if encoding in ("VEX", "EVEX") and any(w >= 256 for w in widths):
-        return AVX
+    if encoding in ("VEX", "EVEX") and widths:
+        # the vector length, not only the registers: a narrowing conversion such as
+        # VCVTPD2PS xmm, m256 is VEX.256 with an xmm register alone (a Sapphire Rapids guest
+        # took 200 cycles per switch beside legacy SSE, as for a ymm form); a mask
+        # destination (VFPCLASSPD k, m256) leaves no vector register dirty and never paid
+        length = max(widths | {int(o.get("width", 0)) for o in ops if o.get("kind") == "mem"})
+        if length >= 256:
+            return AVX
     return None
 
 
