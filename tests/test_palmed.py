@@ -226,6 +226,44 @@ def test_interacting_pair_stays_out_of_the_model(tmp_path) -> None:
     assert rms < 1e-3 and tau > 0.95
 
 
+def test_serialising_form_adds_its_time_to_every_kernel(tmp_path) -> None:
+    """A fence-like form S overlaps with nothing: a kernel holding it takes S's own time plus
+    the rest's, plus a drain of the others' work before each S (LFENCE's shape on hardware:
+    its mixes run 1.0-1.4 x the sum of the parts). Those mixes are slower than any resource
+    model's and are left out of the LPs; S is recognised from them all the same and uses
+    every resource for its own time, so kernels holding it are predicted as the sum, short
+    only by the drain, instead of at the larger part."""
+    path = tmp_path / "synthetic-6p-40f.json"
+    path.write_text(json.dumps(synthetic_mapping(6, 40, seed=1)))
+    sim = SimulatedMachine(path)
+    fence, t_fence, drain = sim.forms[5], 12.0, 0.15
+
+    def truth(k: dict[str, int]) -> float:
+        if fence not in k:
+            return sim.exact(k)
+        rest = {f: n for f, n in k.items() if f != fence}
+        return k[fence] * t_fence + (1 + drain) * (sim.exact(rest) if rest else 0.0)
+
+    def measure(kernels: list[str]) -> list[float]:
+        return [truth(parse_canonical(text)) for text in kernels]
+
+    lines: list[str] = []
+    model, _ = build_model(sim.forms, measure, config=palmed.PalmedConfig(tol=1e-6),
+                           log=lines.append)
+    assert any(line.startswith("serialising: 1 forms") and fence in line for line in lines)
+    assert set(model.rho[fence].values()) == {t_fence}
+    assert len(model.rho[fence]) == len(model.resources)
+    kernels = held_out(sim.forms, 500, seed=5)
+    with_fence = [k for k in kernels if fence in k and len(k) > 1]
+    assert len(with_fence) >= 20
+    t = np.array([truth(k) for k in with_fence])
+    p = np.array([resmodel.predict(model, k)[0] for k in with_fence])
+    # never slower than measured, short by the drain at most
+    assert np.all(p <= t * (1 + 1e-6)) and np.all(p >= t / (1 + drain) * (1 - 1e-6))
+    others = [k for k in kernels if fence not in k]
+    assert max(abs(resmodel.predict(model, k)[0] / sim.exact(k) - 1) for k in others) < 1e-3
+
+
 def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     """Noisy builds end with one joint LP over all forms and kernels (``_polish``): two forms
     that share one unit, each fitted onto a resource of its own by the per-form LPs, are

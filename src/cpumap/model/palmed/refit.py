@@ -3,12 +3,14 @@
 The per-form LPs see each other only through fixed uses; these work on every form's uses at
 once: ``_polish`` refits them jointly against every measured kernel (noisy measurements),
 ``_misfit`` scores a model on a set of kernels (it decides whether a refinement round is
-kept), and ``_explained`` makes every form explain its own singleton when refinement stops
-short.
+kept), ``serialising`` finds the forms that overlap with nothing and ``_serialised`` gives
+them every resource, and ``_explained`` makes every form explain its own singleton when
+refinement stops short.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -16,8 +18,62 @@ from scipy.sparse import coo_matrix
 
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import SOFT_UPPER, Kernel, Log, Measurements, PalmedConfig
-from cpumap.model.palmed.kernels import _usable
+from cpumap.model.palmed.kernels import _text, _usable, mix
 from cpumap.model.palmed.lp import _LPStats, _predict, _solve
+
+#: Serialising forms: their balanced mixes with the saturating kernels take at least this
+#: share of the sum of the two parts alone (``SERIAL_QUANTILE`` of the resources may do
+#: better). Native full profile, Sapphire Rapids-class guest, 6,143 forms against 24 core
+#: resources: the 45 fences, segment-limit and random-seed forms (LFENCE, MFENCE, PAUSE,
+#: SERIALIZE, LAR, LSL, VERR, VERW, RDSEED) at 0.88 and above, every other form at 0.70 or
+#: below (an ALU form beside the saturated ALU: 0.67).
+SERIAL_ADDITIVITY = 0.8
+SERIAL_QUANTILE = 0.1
+
+
+def serialising(forms: Sequence[str], saturating: Sequence[tuple[Mapping[str, int], float]],
+                singletons: Mapping[str, float], meas: Measurements,
+                cfg: PalmedConfig) -> list[str]:
+    """Forms that run beside nothing: their mixes with (nearly) every saturating kernel take
+    the sum of the parts, or more.
+
+    Why: a fence or a microcoded form that drains the pipeline (LFENCE waits for every older
+    instruction to finish) adds its own time to whatever it is mixed with, whichever resource
+    that saturates, and often a drain on top. Its mixes are then slower than the sum of their
+    parts and left out of the LPs as no resource model's (``kernels._resource_like``), so
+    its uses came from its singleton alone, on one resource: a kernel with a fence and
+    anything else was predicted at the larger of the two, 3-8 x too fast (Zen 3 held-out
+    kernels with LFENCE, CLFLUSHOPT, LSL). A resource model does express "adds to
+    everything": a use of every resource equal to the form's own time.
+    """
+    out = []
+    for f in forms:
+        q = []
+        for sk, t_sk in saturating:
+            base, k = mix(dict(sk), t_sk, f, singletons[f], cfg.betas[0], cfg.max_kernel)
+            m_base, m_mix = meas.get(_text(base)), meas.get(_text(k))
+            if m_base is None or m_mix is None or not (
+                    math.isfinite(m_base) and math.isfinite(m_mix) and m_base > 0):
+                continue
+            q.append(m_mix / (m_base + (k[f] - base.get(f, 0)) * singletons[f]))
+        # most resources measured: a form seen beside two saturating kernels says little
+        if len(q) >= max(3, len(saturating) // 2) and \
+                float(np.quantile(q, SERIAL_QUANTILE)) >= SERIAL_ADDITIVITY:
+            out.append(f)
+    return out
+
+
+def _serialised(rho: Mapping[str, Mapping[int, float]], n_res: int, serial: Sequence[str],
+                singletons: Mapping[str, float], log: Log) -> dict[str, dict[int, float]]:
+    """``rho`` with each ``serial`` form using every resource for its own time: predictions
+    add it to the rest of the kernel (``serialising``)."""
+    out = {f: dict(v) for f, v in rho.items()}
+    for f in serial:
+        out[f] = dict.fromkeys(range(n_res), singletons[f])
+    if serial:
+        log(f"serialising: {len(serial)} forms use every resource for their own time: "
+            f"{', '.join(serial[:12])}{' ...' if len(serial) > 12 else ''}")
+    return out
 
 
 def _explained(rho: dict[str, dict[int, float]], defining: list[Kernel],

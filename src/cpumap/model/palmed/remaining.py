@@ -34,7 +34,7 @@ from cpumap.model.palmed.kernels import (
     pair_kernel,
 )
 from cpumap.model.palmed.lp import _LPStats, _predict
-from cpumap.model.palmed.refit import _explained, _misfit, _polish
+from cpumap.model.palmed.refit import _explained, _misfit, _polish, _serialised, serialising
 
 
 def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
@@ -131,6 +131,19 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 a, b = sorted(k)
                 if k == pair_kernel(a, singletons[a], b, singletons[b], cfg.max_mult):
                     checks.append((k, m))
+
+    def fitted(sat: list) -> dict[str, dict[int, float]]:
+        """Every form's LP against the resources of ``sat``; serialising forms on all."""
+        rho = _fit_forms(core, forms, singletons, meas, sat, pair_index, cfg, stats, bad)
+        return _serialised(rho, len(sat), serialising(forms, sat, singletons, meas, cfg),
+                           singletons, log)
+
+    def polished(rho: dict[str, dict[int, float]], sat: list) -> dict[str, dict[int, float]]:
+        """The joint refit, which does not know the serialising forms' rule: applied again."""
+        rho = _polish(rho, len(sat), forms, singletons, meas, cfg, bad, stats, log)
+        return _serialised(rho, len(sat), serialising(forms, sat, singletons, meas, cfg),
+                           singletons, lambda _m: None)
+
     while True:
         saturating = [_sat_est(d, t, target, cfg.max_kernel)
                       for d, t in zip(defining, t_def, strict=True)]
@@ -138,7 +151,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
         if need:
             return Step(need=need, state=refined)
         n_res = len(defining)
-        rho = _fit_forms(core, forms, singletons, meas, saturating, pair_index, cfg, stats, bad)
+        rho = fitted(saturating)
         now_s = _misfit(rho, n_res, checks) if noisy else 0.0
         if noisy and refined and rounds > 0:
             # keep the last refinement round only if it explains the singletons and pairs
@@ -151,11 +164,10 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             n_prev = n_res - sum(1 for r in refined if r[2] == rounds - 1)
             prev_s = next(r[3] for r in refined if r[2] == rounds - 1)
             if now_s > prev_s * (1 - REFINE_GAIN):
-                prev = _fit_forms(core, forms, singletons, meas, saturating[:n_prev],
-                                  pair_index, cfg, stats, bad)
+                prev = fitted(saturating[:n_prev])
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
                     f"{now_s:.2%} vs {prev_s:.2%} without it)")
-                prev = _polish(prev, n_prev, forms, singletons, meas, cfg, bad, stats, log)
+                prev = polished(prev, saturating[:n_prev])
                 return Step(need=[], result=_explained(
                     prev, defining[:n_prev], [sk for sk, _ in saturating[:n_prev]], forms,
                     singletons, cfg, log), state=[r for r in refined if r[2] != rounds - 1])
@@ -180,7 +192,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 log(f"refine: stopping with {len(cands)} under-predicted kernels "
                     f"(worst {-cands[0][0]:.1%})")
             if noisy:
-                rho = _polish(rho, n_res, forms, singletons, meas, cfg, bad, stats, log)
+                rho = polished(rho, saturating)
             return Step(need=[], result=_explained(
                 rho, defining, [sk for sk, _ in saturating], forms, singletons, cfg, log),
                 state=refined)
