@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,17 @@ import pandas as pd
 from cpumap.isa import transition, x86
 from cpumap.isa.catalogue import Catalogue
 
-__all__ = ["Coverage", "corpus_coverage", "read_corpus", "suite_coverage"]
+__all__ = ["Coverage", "corpus_coverage", "predicted_with_flag", "read_corpus",
+           "suite_coverage"]
+
+
+def predicted_with_flag(lacking: Iterable[str], n_forms: int, excluded: Container[str]) -> bool:
+    """Whether the model analyzer predicts a block all the same, from its other forms, with a
+    note: of its ``n_forms`` instructions (or distinct forms), those the model lacks
+    (``lacking``) are all excluded by the catalogue with a reason, and at least one is
+    modelled. One rule for the analyzer and for the coverage that reports on it."""
+    lacking = list(lacking)
+    return bool(lacking) and len(lacking) < n_forms and all(f in excluded for f in lacking)
 
 
 @dataclass
@@ -100,6 +110,7 @@ class _Forms:
         self.cat = catalogue
         self.modelled = set(modelled)
         self.fams = transition.families(catalogue.df)
+        self.excluded = {f for f, row in catalogue.by_name.items() if row.status != "ok"}
         self.cache: dict[str, tuple[list[str], bool, bool]] = {}
 
     def why(self, form: str, code: str) -> str:
@@ -119,8 +130,7 @@ class _Forms:
             insns = x86.decode_all(bytes.fromhex(hexes))
             forms = [self.cat.by_key.get(x86.form_key(ins), "") for ins in insns]
             lacking = [f for f in forms if f not in self.modelled]
-            flagged = (bool(lacking) and len(lacking) < len(forms)
-                       and all(f and self.cat.by_name[f].status != "ok" for f in lacking))
+            flagged = predicted_with_flag(lacking, len(forms), self.excluded)
             hit = self.cache[hexes] = (
                 [self.why(form, x86.CODE_NAMES[ins.code])
                  for ins, form in zip(insns, forms, strict=True) if form not in self.modelled],

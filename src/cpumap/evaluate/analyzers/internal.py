@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from cpumap.evaluate.analyzers.base import BlockInput, Result, failed
+from cpumap.evaluate.coverage import predicted_with_flag
 from cpumap.isa.catalogue import Catalogue
 from cpumap.measure import asmgen, blockgen
 from cpumap.model import resmodel
@@ -64,7 +65,7 @@ class ModelAnalyzer:
                 continue
             lacking = sorted(f for f in k if f not in self.model.rho)
             holes = [f for f in lacking if f not in self.excluded]
-            if holes or (lacking and len(lacking) == len(k)):
+            if lacking and not predicted_with_flag(lacking, len(k), self.excluded):
                 out[b.key] = failed("form(s) not in the model: " + ", ".join(holes or lacking))
                 continue
             notes = [f"{f} left out (excluded: {self.excluded[f]})" for f in lacking]
