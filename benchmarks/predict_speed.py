@@ -1,12 +1,14 @@
 """`cpumap predict` at the native size: start-up, model load, bulk predictions per second.
 
 Usage: python benchmarks/predict_speed.py [--forms 6000] [--ports 12] [--kernels 100000]
+       python benchmarks/predict_speed.py --model results/<id>/model/model.json
 
 Builds two resource models of a synthetic port mapping of the given size (multi-μop forms:
 cpumap.model.portmap): the exact one (one resource per closed port set: every form uses most
 of the 200-odd resources, a worst case far denser than a fitted model) and a sparse one of the
 same size (one resource per μop port set, a form uses 1-4 resources, like the models Palmed
-fits). For each, it writes model.json and prints:
+fits); with ``--model``, a fitted model instead (e.g. the full profile's). For each, it writes
+model.json and prints:
 
 - the size of the model (forms, resources, non-zero uses, bytes);
 - the seconds to load it (``resmodel.load``, best of 5) and to build the predictor;
@@ -50,7 +52,12 @@ def main() -> int:
     ap.add_argument("--ports", type=int, default=12)
     ap.add_argument("--kernels", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", type=Path, help="a fitted model.json instead of synthetic ones")
     args = ap.parse_args()
+
+    if args.model is not None:
+        run(f"fitted ({args.model})", resmodel.load(args.model), args)
+        return 0
 
     mapping = synthetic_mapping(args.ports, args.forms, args.seed)
     truth = true_resource_model(mapping)
