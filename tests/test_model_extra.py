@@ -101,3 +101,44 @@ def test_validation_measures_a_sample_again_for_the_run_to_run_floor():
     assert "measured again in a batch of their own" in report
     _, none = jobs.run_validation(model, ["A", "B", "C"], fake, 6, seed=1)
     assert "run_to_run" not in none
+
+
+def test_validation_reports_kernels_mixing_512_bit_and_narrower_vector_forms(catalogue_df):
+    """A held-out kernel with a zmm form beside an xmm or ymm form is reported apart (beside
+    the whole set): on Intel cores the narrow forms lose port 1 while 512-bit μops are in
+    flight, which no resource model of multisets can say."""
+    from cpumap.measure.asmgen import canonical, parse_canonical
+    from cpumap.model import jobs, resmodel, validation
+    widths = validation.vector_widths(catalogue_df)
+    assert widths["VADDPD_ZMM_ZMM_ZMM"] == 512 and widths["VPSHUFD_XMM_XMM_I8"] == 128
+    assert widths["VCVTPD2PS_XMM_M256"] == 128 and "ADD_R64_R64" not in widths
+    assert validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VPSHUFD_XMM_XMM_I8"], widths)
+    assert validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VADDPD_YMM_YMM_YMM"], widths)
+    assert not validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "ADD_R64_R64"], widths)
+    assert not validation.mixes_512(["VADDPD_YMM_YMM_YMM", "VPSHUFD_XMM_XMM_I8"], widths)
+
+    forms = ["VADDPD_ZMM_ZMM_ZMM", "VPSHUFD_XMM_XMM_I8", "ADD_R64_R64"]
+    model = resmodel.ResourceModel(resources=["P0", "P5"], rho={
+        "VADDPD_ZMM_ZMM_ZMM": {"P0": 1.0}, "VPSHUFD_XMM_XMM_I8": {"P5": 0.5},
+        "ADD_R64_R64": {"P0": 0.25, "P5": 0.25}})
+
+    class Fake:
+        """Measures what the model predicts, 2x slower for a zmm form beside an xmm one."""
+        def __init__(self):
+            self.forms = catalogue_df
+
+        def measure(self, kernels, stage):
+            out = {}
+            for text in kernels:
+                k = parse_canonical(text)
+                cycles = resmodel.predict(model, k)[0]
+                out[canonical(k)] = cycles * (2.0 if validation.mixes_512(k, widths) else 1.0)
+            return out
+
+    table, metrics = jobs.run_validation(model, forms, Fake(), 7, seed=3)
+    wide = metrics["mixing_512_bit"]
+    assert wide["with"]["kernels"] == int(table.mixes_512.sum()) >= 1
+    assert wide["without"]["kernels"] == len(table) - wide["with"]["kernels"]
+    assert math.isclose(wide["with"]["rms_rel_error_ipc"], 1.0)  # predicted IPC twice
+    assert wide["without"]["rms_rel_error_ipc"] == 0.0
+    assert "512-bit vector form beside narrower" in jobs.validation_report(metrics, {}, "m", 7)
