@@ -34,11 +34,16 @@ def operands(value: Any) -> list[dict[str, Any]]:
     return list(value or [])
 
 
+def vector_widths(ops: Any) -> set[int]:
+    """The widths in bits of a catalogue row's vector register operands (``ops``)."""
+    return {int(o.get("width", 0)) for o in operands(ops)
+            if o.get("kind") == "reg" and o.get("cls") == "VEC"}
+
+
 def family(encoding: str, ops: Any) -> str | None:
     """``sse``, ``avx`` or None for a catalogue row's ``encoding`` and ``operands`` (``ops``)."""
     ops = operands(ops)
-    widths = {int(o.get("width", 0)) for o in ops
-              if o.get("kind") == "reg" and o.get("cls") == "VEC"}
+    widths = vector_widths(ops)
     if encoding == "LEGACY" and 128 in widths:
         return SSE
     if encoding in ("VEX", "EVEX") and widths:

@@ -45,9 +45,7 @@ def vector_widths(forms: pd.DataFrame) -> dict[str, int]:
     from a catalogue table (``name``, ``operands``)."""
     out = {}
     for name, ops in zip(forms["name"], forms["operands"], strict=True):
-        widths = [int(o.get("width", 0)) for o in transition.operands(ops)
-                  if o.get("kind") == "reg" and o.get("cls") == "VEC"]
-        if widths:
+        if widths := transition.vector_widths(ops):
             out[str(name)] = max(widths)
     return out
 
