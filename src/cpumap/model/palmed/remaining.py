@@ -132,17 +132,22 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 if k == pair_kernel(a, singletons[a], b, singletons[b], cfg.max_mult):
                     checks.append((k, m))
 
+    # the serialising forms against the first n resources: measurements only, and within
+    # this call the measurements and each prefix of the saturating kernels stay the same
+    serial_at: dict[int, list[str]] = {}
+
     def fitted(sat: list) -> dict[str, dict[int, float]]:
         """Every form's LP against the resources of ``sat``; serialising forms on all."""
         rho = _fit_forms(core, forms, singletons, meas, sat, pair_index, cfg, stats, bad)
-        return _serialised(rho, len(sat), serialising(forms, sat, singletons, meas, cfg),
-                           singletons, log)
+        if len(sat) not in serial_at:
+            serial_at[len(sat)] = serialising(forms, sat, singletons, meas, cfg)
+        return _serialised(rho, len(sat), serial_at[len(sat)], singletons, log)
 
     def polished(rho: dict[str, dict[int, float]], sat: list) -> dict[str, dict[int, float]]:
-        """The joint refit, which does not know the serialising forms' rule: applied again."""
+        """The joint refit, which does not know the serialising forms' rule: applied again
+        (to the forms ``fitted`` found for the same resources)."""
         rho = _polish(rho, len(sat), forms, singletons, meas, cfg, bad, stats, log)
-        return _serialised(rho, len(sat), serialising(forms, sat, singletons, meas, cfg),
-                           singletons, lambda _m: None)
+        return _serialised(rho, len(sat), serial_at[len(sat)], singletons, lambda _m: None)
 
     while True:
         saturating = [_sat_est(d, t, target, cfg.max_kernel)
