@@ -107,11 +107,13 @@ def test_validation_reports_kernels_mixing_512_bit_and_narrower_vector_forms(cat
     """A held-out kernel with a zmm form beside an xmm or ymm form is reported apart (beside
     the whole set): on Intel cores the narrow forms lose port 1 while 512-bit μops are in
     flight, which no resource model of multisets can say."""
+    from cpumap.isa import transition
     from cpumap.measure.asmgen import canonical, parse_canonical
     from cpumap.model import jobs, resmodel, validation
-    widths = validation.vector_widths(catalogue_df)
+    widths = transition.vector_lengths(catalogue_df)
     assert widths["VADDPD_ZMM_ZMM_ZMM"] == 512 and widths["VPSHUFD_XMM_XMM_I8"] == 128
-    assert widths["VCVTPD2PS_XMM_M256"] == 128 and "ADD_R64_R64" not in widths
+    # the vector length: the widest vector register or memory operand
+    assert widths["VCVTPD2PS_XMM_M256"] == 256 and "ADD_R64_R64" not in widths
     assert validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VPSHUFD_XMM_XMM_I8"], widths)
     assert validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VADDPD_YMM_YMM_YMM"], widths)
     assert not validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "ADD_R64_R64"], widths)

@@ -397,3 +397,85 @@ def test_joint_refit_cutting_plane_gives_the_full_lp(tmp_path, monkeypatch) -> N
     assert full and all(a == b for a, b in full)  # POLISH_NEAR 0: every bound from the start
     assert cut and all(a < b / 2 for a, b in cut)  # most bounds never needed
     np.testing.assert_allclose(preds[1], preds[0], rtol=1e-6)
+
+
+def wide_machine(mode: bool = True) -> tuple[dict, dict[str, int]]:
+    """A small core with Intel's 512-bit mode (``mode``): beside a 512-bit form (``*Z*``),
+    the narrow vector forms (``*X*``) leave port 1; and the forms' vector lengths."""
+    alu = ["p0", "p1", "p5", "p6"]
+    forms = {"ADD": [alu], "IMUL": [["p1"]], "LOAD": [["p2", "p3"]],
+             "ADDLOAD": [alu, ["p2", "p3"]], "SHL": [["p0", "p6"]],
+             "VADDX": [["p0", "p1", "p5"]], "VSHUFX": [["p1", "p5"]], "VFMAX": [["p0", "p1"]],
+             "VLOADX": [["p2", "p3"]], "VADDXM": [["p0", "p1", "p5"], ["p2", "p3"]],
+             "VMULX": [["p0", "p1"], ["p5"]], "VADDZ": [["p0", "p5"]], "VFMAZ": [["p0"]],
+             "VSHUFZ": [["p5"]], "VADDZM": [["p0", "p5"], ["p2", "p3"]]}
+    m = {"kind": "Mapping3", "arch": {"insns": sorted(forms), "ports": [*alu, "p2", "p3"]},
+         "assignment": forms}
+    if mode:
+        m["wide"] = {"forms": ["VADDZ", "VADDZM", "VFMAZ", "VSHUFZ"],
+                     "assignment": {"VADDX": [["p0", "p5"]], "VSHUFX": [["p5"]],
+                                    "VFMAX": [["p0"]],
+                                    "VADDXM": [["p0", "p5"], ["p2", "p3"]],
+                                    "VMULX": [["p0"], ["p5"]]}}
+    widths = {f: 512 if "Z" in f else 128 for f in forms if f.startswith("V")}
+    return m, widths
+
+
+def _kinds(kernels: list[dict[str, int]], widths: dict[str, int]) -> dict[str, list]:
+    out: dict[str, list] = {"plain": [], "wide": [], "mixed": []}
+    for k in kernels:
+        ws = {widths.get(f, 0) for f in k}
+        out["mixed" if {128, 512} <= ws else "wide" if 512 in ws else "plain"].append(k)
+    return out
+
+
+def test_wide_mode_gets_uses_of_its_own() -> None:
+    """On a core whose narrow vector forms leave port 1 beside a 512-bit form, with the
+    vector lengths, the probe sees the mode, the plain stages keep the two kinds apart and
+    the wide stage gives every form its uses beside a 512-bit form: plain kernels exact, the
+    others within the carrier's 1/65 share (the mode singletons hold one). The plain uses
+    alone mispredict the mixed kernels (without the vector lengths the build measures mixed
+    kernels too, which spoil the plain uses: 42 resources for 15 forms, 12 % RMS on plain
+    kernels, 19 % on mixed ones)."""
+    m, widths = wide_machine()
+    sim = SimulatedMachine(mapping=m)
+    cfg = palmed.PalmedConfig(tol=1e-6)
+    kinds = _kinds(held_out(sim.forms, 600, seed=3), widths)
+    assert min(len(v) for v in kinds.values()) >= 50
+
+    def err(model: resmodel.ResourceModel, kernels: list) -> np.ndarray:
+        return np.array([resmodel.predict(model, k)[0] / sim.exact(k) - 1 for k in kernels])
+
+    model, stats = build_model(sim.forms, sim.measure, config=cfg, widths=widths)
+    record = stats["wide"]
+    assert record["observed"] and record["carrier"] == "VADDZ"
+    # VADDX, VSHUFX, VFMAX alone run slower without p1; VLOADX never used it, VADDXM and
+    # VMULX stay bound by their loads and their p5 μop
+    assert record["probes"] == 6 and record["probes_slower"] == 3
+    assert record["kernels"] == stats["kernels"]["wide"] > 0
+    assert model.wide["trigger"] == ["VADDZ", "VADDZM", "VFMAZ", "VSHUFZ"]
+    assert set(model.wide["rho"]) == set(sim.forms)
+    assert np.abs(err(model, kinds["plain"])).max() < 1e-5
+    for kind in ("mixed", "wide"):
+        e = err(model, kinds[kind])
+        assert np.sqrt(np.mean(e ** 2)) < 0.005 and np.abs(e).max() < 0.02, kind
+    plain = resmodel.ResourceModel(model.resources, model.rho)
+    assert np.sqrt(np.mean(err(plain, kinds["mixed"]) ** 2)) > 0.1
+    # no plain-stage kernel mixes the two kinds
+    assert not any({128, 512} <= {widths.get(f, 0) for f in parse_canonical(t)}
+                   for stage in ("pairs", "core", "mapping", "refine")
+                   for t in stats.get("asked", {}).get(stage, []))
+
+
+def test_no_wide_mode_no_wide_uses() -> None:
+    """The same core without the mode: the probes (one kernel per narrow vector form beside
+    the carrier) find nothing slower, the model has no wide uses, and predicts every kernel
+    exactly, mixed ones too."""
+    m, widths = wide_machine(mode=False)
+    sim = SimulatedMachine(mapping=m)
+    model, stats = build_model(sim.forms, sim.measure, config=palmed.PalmedConfig(tol=1e-6),
+                               widths=widths)
+    assert not stats["wide"]["observed"] and not model.wide
+    assert stats["wide"]["probes"] == 6 and stats["kernels"]["wide"] == 6
+    kernels = held_out(sim.forms, 300, seed=3)
+    assert max(abs(resmodel.predict(model, k)[0] / sim.exact(k) - 1) for k in kernels) < 1e-5

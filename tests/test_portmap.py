@@ -126,3 +126,26 @@ def test_load_mapping_round_trip(tmp_path) -> None:
     path.write_text("{not json")
     with pytest.raises(MappingError, match="not valid JSON"):
         portmap.load_mapping(path)
+
+
+def test_wide_forms_switch_the_kernel_to_their_assignment() -> None:
+    """A kernel holding a form of ``wide.forms`` is scheduled with ``wide.assignment``: the
+    narrow add leaves p1 (Intel's port 1 beside 512-bit μops), the scalar IMUL keeps it."""
+    m = {"kind": "Mapping3",
+         "arch": {"insns": ["VADDX", "VADDZ", "IMUL"], "ports": ["p0", "p1", "p5"]},
+         "assignment": {"VADDX": [["p0", "p1", "p5"]], "VADDZ": [["p0", "p5"]],
+                        "IMUL": [["p1"]]},
+         "wide": {"forms": ["VADDZ"], "assignment": {"VADDX": [["p0", "p5"]]}}}
+    pm = portmap.PortMapping(m)
+    assert pm.cycles({"VADDX": 3}) == pytest.approx(1.0)
+    assert pm.cycles({"VADDX": 3, "VADDZ": 1}) == pytest.approx(2.0)
+    assert pm.cycles({"VADDX": 4, "IMUL": 1}) == pytest.approx(5 / 3)
+    assert pm.cycles({"VADDX": 4, "IMUL": 1, "VADDZ": 1}) == pytest.approx(2.5)
+    bad = json.loads(json.dumps(m))
+    bad["wide"]["forms"] = ["VADDW"]
+    with pytest.raises(MappingError, match="wide.*VADDW"):
+        portmap.validate_mapping(bad)
+    bad = json.loads(json.dumps(m))
+    bad["wide"]["assignment"]["VADDX"] = [["p9"]]
+    with pytest.raises(MappingError, match=r"wide: assignment.VADDX\[0\]"):
+        portmap.validate_mapping(bad)

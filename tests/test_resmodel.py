@@ -142,3 +142,29 @@ def test_model_report_lists_resources_with_labels() -> None:
                                      "mape_ipc": float("nan"), "kendall_tau": float("nan")},
                                     {}, "m", 0, model=MODEL)
     assert "## Resources" in report and "| p1 | BSR: 1 per cycle | 1 | 1 |" in report
+
+
+def test_wide_uses_replace_a_forms_uses_beside_a_trigger_form(tmp_path) -> None:
+    """``wide``: in a kernel holding a trigger form (512-bit), the forms it lists take their
+    wide uses; elsewhere their plain ones. Same in ``predict`` and ``Predictor``, and
+    through the file."""
+    model = ResourceModel(
+        resources=["p015", "p05", "p1"],
+        rho={"VADDX": {"p015": 1 / 3}, "VADDZ": {"p015": 0.5, "p05": 0.5},
+             "IMUL": {"p1": 1.0, "p015": 1 / 3}},
+        wide={"trigger": ["VADDZ"], "rho": {"VADDX": {"p05": 0.5}, "IMUL": {"p1": 1.0}}})
+    fast = resmodel.Predictor(model)
+    for k, cycles in (({"VADDX": 3}, 1.0), ({"VADDX": 3, "VADDZ": 1}, 2.0),
+                      ({"VADDX": 3, "IMUL": 3}, 3.0), ({"IMUL": 2, "VADDZ": 2}, 2.0)):
+        assert predict(model, k)[0] == pytest.approx(cycles)
+        assert fast.predict(k) == predict(model, k)
+    path = tmp_path / "m.json"
+    resmodel.save(model, path)
+    back = resmodel.load(path)
+    assert back.wide == {"trigger": ["VADDZ"], "rho": model.wide["rho"]}
+    assert predict(back, {"VADDX": 3, "VADDZ": 1})[0] == pytest.approx(2.0)
+    obj = json.loads(path.read_text())
+    obj["wide"]["rho"]["XOR"] = {"p1": 1.0}
+    path.write_text(json.dumps(obj))
+    with pytest.raises(ValueError, match="XOR"):
+        resmodel.load(path)

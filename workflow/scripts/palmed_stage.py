@@ -34,7 +34,8 @@ if stage == "pairs":
     with open(inp.sse_avx, encoding="utf-8") as handle:
         sse_avx = json.load(handle)
     print(transition.summary(sse_avx), flush=True)
-    jobs.pairs_job(job, forms, left_out, Path(out.state), Path(out.plan), batch_size, sse_avx)
+    jobs.pairs_job(job, forms, left_out, Path(out.state), Path(out.plan), batch_size, sse_avx,
+                   bool(snakemake.params.model.get("wide", True)))
 elif stage == "basic":
     jobs.basic_job(job, Path(inp.state), Path(out.state))
 elif stage == "core":

@@ -40,20 +40,37 @@ def vector_widths(ops: Any) -> set[int]:
             if o.get("kind") == "reg" and o.get("cls") == "VEC"}
 
 
+def vector_length(ops: Any) -> int:
+    """The vector length in bits of a form with a vector register (0 without one): its widest
+    vector register or memory operand. The length, not only the registers: a narrowing
+    conversion such as VCVTPD2PS xmm, m256 is VEX.256 with an xmm register alone (a Sapphire
+    Rapids guest took 200 cycles per switch beside legacy SSE, as for a ymm form); a mask
+    destination (VFPCLASSPD k, m256) has no vector register: 0."""
+    ops = operands(ops)
+    widths = vector_widths(ops)
+    if not widths:
+        return 0
+    return max(widths | {int(o.get("width", 0)) for o in ops if o.get("kind") == "mem"})
+
+
+def vector_lengths(forms: Any) -> dict[str, int]:
+    """Form name -> ``vector_length`` of every catalogue row (a DataFrame with ``name``,
+    ``operands``) that has a vector register."""
+    out = {}
+    for name, ops in zip(forms["name"], forms["operands"], strict=True):
+        if length := vector_length(ops):
+            out[str(name)] = length
+    return out
+
+
 def family(encoding: str, ops: Any) -> str | None:
     """``sse``, ``avx`` or None for a catalogue row's ``encoding`` and ``operands`` (``ops``)."""
     ops = operands(ops)
-    widths = vector_widths(ops)
-    if encoding == "LEGACY" and 128 in widths:
+    if encoding == "LEGACY" and 128 in vector_widths(ops):
         return SSE
-    if encoding in ("VEX", "EVEX") and widths:
-        # the vector length, not only the registers: a narrowing conversion such as
-        # VCVTPD2PS xmm, m256 is VEX.256 with an xmm register alone (a Sapphire Rapids guest
-        # took 200 cycles per switch beside legacy SSE, as for a ymm form); a mask
-        # destination (VFPCLASSPD k, m256) leaves no vector register dirty and never paid
-        length = max(widths | {int(o.get("width", 0)) for o in ops if o.get("kind") == "mem"})
-        if length >= 256:
-            return AVX
+    # a mask destination (VFPCLASSPD k, m256) leaves no vector register dirty and never paid
+    if encoding in ("VEX", "EVEX") and vector_length(ops) >= 256:
+        return AVX
     return None
 
 

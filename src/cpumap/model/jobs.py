@@ -185,15 +185,19 @@ class StageJob:
 
 
 def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], state: Path,
-              plan: Path, batch_size: int, sse_avx: Mapping[str, Any] | None = None) -> None:
+              plan: Path, batch_size: int, sse_avx: Mapping[str, Any] | None = None,
+              wide: bool = True) -> None:
     """Checkpoint palmed_pairs: singletons (missing ones measured), the pairs' plan.
 
     ``sse_avx``: the transition probe's record (``cpumap.measure.transition``); with a
     penalty, no Palmed kernel mixes legacy-SSE and 256-bit AVX forms, and the model carries
-    the cost per switch for its predictions."""
+    the cost per switch for its predictions. ``wide``: probe the 512-bit mode."""
     penalty = bool(sse_avx and sse_avx.get("penalty"))
     apart = transition.families(job.measurer.forms) if penalty else {}
-    b = Build.start(forms, job.measure, job.cfg, job.log, apart)
+    # the vector lengths: the wide probe (``palmed.wide``) sees whether the host runs narrow
+    # vector forms differently beside 512-bit ones
+    b = Build.start(forms, job.measure, job.cfg, job.log, apart,
+                    transition.vector_lengths(job.measurer.forms) if wide else None)
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
     if sse_avx is not None:
         b.info["sse_avx_transition"] = {
@@ -325,7 +329,7 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
     catalogue = getattr(measurer, "forms", None)
     table = validation.validate(model, kernels,
                               lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"),
-                              validation.vector_widths(catalogue) if catalogue is not None
+                              transition.vector_lengths(catalogue) if catalogue is not None
                               else None)
     metrics = validation.metrics(table)
     if table.mixes_512.any():  # beside the whole set, as the interacting pairs below
@@ -385,6 +389,7 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              "db/part-palmed-{pairs,mapping}-*.parquet; kernels found in the database are "
              "not measured again)",
              f"- joint refit: {refit_line(stats.get('joint_refit'))}",
+             f"- 512-bit mode: {wide_line(stats.get('wide'))}",
              f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
              f"{sorted(stats.get('not_modelled', {}))}",
              f"- forms modelled approximately (dependence chains, on a resource of their own"
@@ -405,7 +410,7 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     where = {"core": "core", "saturating": "remaining", "mapping": "remaining",
              "refine": "remaining"}
     for stage in ("singletons", "pairs", "basic", "core", "saturating", "mapping", "refine",
-                  "remaining"):
+                  "remaining", "wide"):
         if stage not in kernels and stage not in lp and stage not in wall:
             continue
         lp_s = lp.get(stage, {}) if where.get(stage, stage) == stage else {}
@@ -432,10 +437,12 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     wide = metrics.get("mixing_512_bit")
     if wide is not None:
         w, o = wide["with"], wide["without"]
+        how = ("predicted with the wide uses (`wide` in model.json)" if model is not None
+               and model.wide else "predicted with the plain uses: the build saw no mode")
         lines += [f"Kernels holding a 512-bit vector form beside narrower vector forms "
                   f"(`mixes_512` in validation.tsv; on Intel cores port 1 takes no vector "
-                  f"μops while 512-bit ones are in flight, which no resource model of "
-                  f"multisets expresses): {w['kernels']}, RMS relative error of IPC "
+                  f"μops while 512-bit ones are in flight; {how}): "
+                  f"{w['kernels']}, RMS relative error of IPC "
                   f"{fmt(w['rms_rel_error_ipc'])}, Kendall's tau {fmt(w['kendall_tau'])}; "
                   f"the {o['kernels']} others: {fmt(o['rms_rel_error_ipc'])}, "
                   f"tau {fmt(o['kendall_tau'])}.", ""]
@@ -449,6 +456,19 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
                   f"{fmt(sub['rms_rel_error_ipc'])}, MAPE {fmt(sub['mape_ipc'])}, "
                   f"Kendall's tau {fmt(sub['kendall_tau'])}.", ""]
     return "\n".join(lines)
+
+
+def wide_line(record: Mapping[str, Any] | None) -> str:
+    """The wide probe and stage (``palmed.wide``) in words."""
+    if not record:
+        return "not probed"
+    if not record.get("observed"):
+        return f"not seen ({record.get('reason')}; {record.get('probes', 0)} probes, " \
+               f"slowest {record.get('probe_max_slowdown', 'n/a')} x their parts in sequence)"
+    return (f"seen: {record['probes_slower']} of {record['probes']} narrow vector forms "
+            f"beside {record['carrier']} slower than the two in sequence (up to "
+            f"{record['probe_max_slowdown']} x); the vector forms and the others' uses of "
+            f"vector resources measured again beside it: {record.get('kernels', 0)} kernels")
 
 
 def resource_table(model: resmodel.ResourceModel) -> list[str]:

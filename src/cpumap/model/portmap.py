@@ -7,6 +7,14 @@ every μop, the set of execution ports able to execute it::
      "arch": {"insns": ["ADDSS", "BSR"], "ports": ["p0", "p1"]},
      "assignment": {"ADDSS": [["p0", "p1"]], "BSR": [["p1"]]}}
 
+A mapping may also say how some forms decode while a *wide* form (a 512-bit one) is in the
+kernel, as on Intel cores, where port 1 takes no vector μops while 512-bit μops are in flight::
+
+    "wide": {"forms": ["VADDPD_ZMM"], "assignment": {"VADDPD_XMM": [["p0", "p5"]]}}
+
+A kernel holding a form of ``wide.forms`` is scheduled with ``wide.assignment`` in place of
+the forms' own μops (a simulated machine with that mode, for ``cpumap.model.palmed.wide``).
+
 Ports are fully pipelined (one μop per port per cycle), so the steady-state cycles of a kernel
 (a multiset of forms, no dependencies) is the optimal fractional schedule of its μops on ports:
 
@@ -93,6 +101,18 @@ def validate_mapping(obj: Any, source: str = "<mapping>") -> dict[str, Any]:
             unknown = [p for p in uop if p not in port_set]
             if unknown:
                 raise bad(f"assignment.{name}[{k}]", f"unknown port(s) {unknown}")
+    wide = obj.get("wide")
+    if wide is not None:
+        if not isinstance(wide, dict) or not isinstance(wide.get("forms"), list) \
+                or not isinstance(wide.get("assignment"), dict):
+            raise bad("wide", "expected an object with a list 'forms' and an object "
+                      "'assignment'")
+        unknown = [f for f in [*wide["forms"], *wide["assignment"]] if f not in set(insns)]
+        if unknown:
+            raise bad("wide", f"forms not listed in arch.insns: {unknown}")
+        validate_mapping({"kind": "Mapping3", "arch": arch,
+                          "assignment": {**assignment, **wide["assignment"]}},
+                         f"{source}: wide")
     return obj
 
 
@@ -121,6 +141,13 @@ class PortMapping:
         }
         self._index = {f: k for k, f in enumerate(self.forms)}
         self._cache: dict[tuple[tuple[str, int], ...], float] = {}
+        wide = mapping.get("wide")
+        #: forms whose presence switches the kernel to ``wide.assignment``, and that schedule
+        self.wide_forms: frozenset[str] = frozenset(wide["forms"]) if wide else frozenset()
+        self._wide = PortMapping({"kind": "Mapping3", "arch": mapping["arch"],
+                                  "assignment": {**mapping["assignment"],
+                                                 **wide["assignment"]}}, source) \
+            if wide else None
         self.closed: list[int] = []
         self._u: np.ndarray | None = None
         if len(self.ports) <= MAX_SUBSET_PORTS:
@@ -146,6 +173,9 @@ class PortMapping:
 
     def cycles(self, kernel: Mapping[str, int]) -> float:
         """Exact optimal cycles per kernel instance (cached per kernel)."""
+        if self._wide is not None and any(n and f in self.wide_forms
+                                          for f, n in kernel.items()):
+            return self._wide.cycles(kernel)
         key = tuple(sorted((f, int(n)) for f, n in kernel.items() if n))
         hit = self._cache.get(key)
         if hit is not None:

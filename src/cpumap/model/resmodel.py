@@ -14,8 +14,14 @@ rebuilding a model from the same measurements gives a byte-identical file)::
       "rho": {"FORM": {"R00": 0.5, ...}, ...},     # zero uses are omitted
       "labels": {"R00": "ADD/SUB/XOR +9: 4 per cycle", ...},  # derived from rho (written,
                                                   # never read back: always recomputed)
-      "provenance": {...}                         # free-form: machine, stages, kernels...
+      "provenance": {...},                        # free-form: machine, stages, kernels...
+      "wide": {"trigger": ["VADDPD_ZMM_ZMM_ZMM", ...],   # optional: see below
+               "rho": {"VADDPD_XMM_XMM_XMM": {"R03": 0.5}, ...}}
     }
+
+``wide`` (hosts where it was measured, ``cpumap.model.palmed.wide``): in a kernel holding a
+form of ``wide.trigger`` (a 512-bit form), a form of ``wide.rho`` uses those resources instead
+of its own (Intel cores take no vector μops on port 1 while 512-bit μops are in flight).
 
 Resources are found by Palmed, not named by anyone: ``R14`` says nothing. Each gets a label
 from what defines it, the forms that saturate it alone (``resource_labels``), so that a
@@ -71,6 +77,24 @@ class ResourceModel:
     resources: list[str]
     rho: dict[str, dict[str, float]]
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: {"trigger": [forms], "rho": {form: uses}} where the host has a 512-bit mode; else {}
+    wide: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def wide_trigger(self) -> frozenset[str]:
+        return frozenset(self.wide.get("trigger") or ())
+
+    @property
+    def wide_rho(self) -> dict[str, dict[str, float]]:
+        return dict(self.wide.get("rho") or {})
+
+    def uses_in(self, kernel: Mapping[str, int]) -> Mapping[str, Mapping[str, float]]:
+        """Each form's uses in this kernel: ``rho``, or in a kernel holding a ``wide.trigger``
+        form, ``wide.rho`` where it has the form."""
+        trigger = self.wide_trigger
+        if trigger and any(f in trigger for f in kernel):
+            return {**self.rho, **self.wide_rho}
+        return self.rho
 
     @property
     def forms(self) -> list[str]:
@@ -96,20 +120,24 @@ class ResourceModel:
         known = set(self.resources)
         if len(known) != len(self.resources):
             raise ValueError("duplicate resource names")
-        for form, uses in self.rho.items():
+        for form, uses in [*self.rho.items(), *self.wide_rho.items()]:
             for r, v in uses.items():
                 if r not in known:
                     raise ValueError(f"form {form!r} uses unknown resource {r!r}")
                 if not (math.isfinite(v) and v >= 0):
                     raise ValueError(f"form {form!r}: use of {r!r} must be finite and >= 0")
+        unknown = sorted((set(self.wide_trigger) | set(self.wide_rho)) - set(self.rho))
+        if unknown:
+            raise ValueError(f"wide: forms not in rho: {unknown[:5]}")
 
     def to_dict(self) -> dict[str, Any]:
-        rho = {
-            form: {r: round(float(v), DIGITS) for r, v in uses.items() if round(v, DIGITS) > 0}
-            for form, uses in self.rho.items()
-        }
-        return {"format": FORMAT, "version": VERSION, "resources": list(self.resources),
-                "rho": rho, "labels": resource_labels(self), "provenance": self.provenance}
+        out = {"format": FORMAT, "version": VERSION, "resources": list(self.resources),
+               "rho": _rounded(self.rho), "labels": resource_labels(self),
+               "provenance": self.provenance}
+        if self.wide:
+            out["wide"] = {"trigger": sorted(self.wide_trigger),
+                           "rho": _rounded(self.wide_rho)}
+        return out
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any], source: str = "<model>") -> ResourceModel:
@@ -120,10 +148,14 @@ class ResourceModel:
         for key, typ in (("resources", list), ("rho", dict)):
             if not isinstance(obj.get(key), typ):
                 raise ValueError(f"{source}: {key}: missing or not a {typ.__name__}")
+        wide = obj.get("wide") or {}
+        if not isinstance(wide, Mapping) or not isinstance(wide.get("trigger", []), list) \
+                or not isinstance(wide.get("rho", {}), Mapping):
+            raise ValueError(f"{source}: wide: expected {{'trigger': [...], 'rho': {{...}}}}")
         model = cls(resources=[str(r) for r in obj["resources"]],
-                    rho={str(f): {str(r): float(v) for r, v in uses.items()}
-                         for f, uses in obj["rho"].items()},
-                    provenance=dict(obj.get("provenance") or {}))
+                    rho=_floats(obj["rho"]), provenance=dict(obj.get("provenance") or {}),
+                    wide={"trigger": [str(f) for f in wide["trigger"]],
+                          "rho": _floats(wide["rho"])} if wide else {})
         try:
             model.validate()
         except ValueError as exc:
@@ -149,6 +181,16 @@ class ResourceModel:
                                            "bottleneck_label"])
 
 
+def _rounded(rho: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """Uses as written to files: rounded to ``DIGITS``, zeros left out."""
+    return {form: {r: round(float(v), DIGITS) for r, v in uses.items() if round(v, DIGITS) > 0}
+            for form, uses in rho.items()}
+
+
+def _floats(rho: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    return {str(f): {str(r): float(v) for r, v in uses.items()} for f, uses in rho.items()}
+
+
 def predict(model: ResourceModel, kernel: Mapping[str, int] | str) -> tuple[float, str | None]:
     """Predicted cycles of one kernel instance and the bottleneck resource.
 
@@ -161,7 +203,8 @@ def predict(model: ResourceModel, kernel: Mapping[str, int] | str) -> tuple[floa
     for form in k:
         if form not in model.rho:
             raise KeyError(f"form {form!r} is not in the resource model")
-    loads = {i: sum(n * model.rho[f].get(r, 0.0) for f, n in k.items())
+    rho = model.uses_in(k)
+    loads = {i: sum(n * rho[f].get(r, 0.0) for f, n in k.items())
              for i, r in enumerate(model.resources)}
     return _bottleneck(loads, model.resources)
 
@@ -276,6 +319,9 @@ class Predictor:
         index = {r: i for i, r in enumerate(model.resources)}
         self.uses = {f: tuple((index[r], v) for r, v in u.items() if v > 0)
                      for f, u in model.rho.items()}
+        self._trigger = model.wide_trigger
+        self._wide_uses = {**self.uses, **{f: tuple((index[r], v) for r, v in u.items() if v > 0)
+                                           for f, u in model.wide_rho.items()}}
         self.labels = resource_labels(model)
         self._pairs = _interacting_pairs(model)
         self._approximate = frozenset(model.approximate)
@@ -288,9 +334,11 @@ class Predictor:
     def predict(self, kernel: Mapping[str, int]) -> tuple[float, str | None]:
         """Cycles per instance and bottleneck resource; KeyError names an unknown form."""
         load: dict[int, float] = {}
+        table = self._wide_uses if self._trigger and not self._trigger.isdisjoint(kernel) \
+            else self.uses
         for form, n in kernel.items():
             try:
-                uses = self.uses[form]
+                uses = table[form]
             except KeyError:
                 raise KeyError(f"form {form!r} is not in the resource model") from None
             for i, v in uses:

@@ -40,16 +40,6 @@ def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: in
     return list(out)
 
 
-def vector_widths(forms: pd.DataFrame) -> dict[str, int]:
-    """Form name -> its widest vector register operand in bits (forms without one left out),
-    from a catalogue table (``name``, ``operands``)."""
-    out = {}
-    for name, ops in zip(forms["name"], forms["operands"], strict=True):
-        if widths := transition.vector_widths(ops):
-            out[str(name)] = max(widths)
-    return out
-
-
 def mixes_512(kernel: Iterable[str], widths: Mapping[str, int]) -> bool:
     """Whether a kernel holds a 512-bit vector form beside a narrower vector form: on Intel
     cores port 1 takes no vector μops while 512-bit μops are in flight, so the narrow forms'
@@ -57,7 +47,7 @@ def mixes_512(kernel: Iterable[str], widths: Mapping[str, int]) -> bool:
     (the Sapphire Rapids-class guest's full-profile model: such held-out kernels 38.6 % RMS,
     the others 9.9 %). The validation reports them apart, beside the whole set."""
     ws = {widths.get(f, 0) for f in kernel}
-    return 512 in ws and bool(ws & {128, 256})
+    return max(ws, default=0) >= 512 and any(0 < w < 512 for w in ws)
 
 
 def metrics(table: pd.DataFrame) -> dict[str, float]:

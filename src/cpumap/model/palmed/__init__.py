@@ -58,6 +58,13 @@ Stages (and why)
    uses, then crushed by them) and the refinement resources ended with no use at all: the
    10-port/300-form machine had 5.8% RMS error, now 0.00%.
 
+8. **The 512-bit mode** (``wide``, given the forms' vector lengths): a probe right after the
+   singletons sees whether narrow vector forms run slower beside a 512-bit form than a
+   resource model allows (Intel: port 1 takes no vector μops while 512-bit μops are in
+   flight). Where they do, the stages above never mix the two kinds, and this last stage
+   measures the forms beside a 512-bit carrier and fits their *wide* uses, which predictions
+   take in kernels holding a 512-bit form.
+
 The model predicts ``max_r sum_i sigma(K, i) rho(i, r)`` (``cpumap.model.resmodel.predict``).
 
 Kernels that no resource model explains (pairs slower together than in sequence, kernels
@@ -86,7 +93,8 @@ Modules, each importing only those before it: ``config`` (``PalmedConfig``, the 
 the shared types), ``kernels`` (stages 1-3, random test kernels, mixes, which measured kernels a
 resource model may be fitted to), ``lp`` (the LP solve, its rows, a model's load on a kernel),
 ``core`` (stage 4), ``forms`` (stages 5-6, the per-form LPs), ``refit`` (joint refit, misfit,
-every singleton explained), ``remaining`` (stage 7, refinement), ``build`` (the driver). This
+every singleton explained), ``remaining`` (stage 7, refinement), ``wide`` (stage 8),
+``build`` (the driver). This
 package only re-exports the names used from outside.
 """
 

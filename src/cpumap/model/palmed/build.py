@@ -19,6 +19,8 @@ mapping     saturating kernels, every form against      checkpoint ``palmed_mapp
             every saturating kernel                     measured by ``palmed_measure``
 remaining   per-form LPs, refinement rounds (measure    ``fit_model``
             their own kernels), model.json
+wide        vector forms beside a 512-bit form, where   ``fit_model``
+            the host changes mode (``palmed.wide``)
 ==========  ==========================================  =====================================
 
 The state does not hold measurements: it lists the kernels each stage asked for, and a job
@@ -53,7 +55,9 @@ from cpumap.model.palmed.kernels import (
 )
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
+from cpumap.model.palmed.wide import fit_wide, mixes_mode, probe, split
 from cpumap.model.resmodel import ResourceModel
+from cpumap.model.resmodel import predict as resmodel_predict
 from cpumap.store.files import write_json_atomic
 
 Measure = Callable[[list[str]], Sequence[float]]
@@ -98,19 +102,28 @@ class Build:
     apart: dict[str, str] = field(default_factory=dict)
     #: kernels never measured because they mix the families of ``apart`` (failed for the LPs)
     avoided: list[str] = field(default_factory=list)
+    #: form -> vector length in bits (``transition.vector_lengths``): runs the wide probe
+    widths: dict[str, int] = field(default_factory=dict)
+    #: the wide probe's record (``palmed.wide.probe``); where ``observed``, the plain stages
+    #: keep 512-bit and narrower vector forms apart and the wide stage fits them together
+    wide_mode: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ measuring
 
-    def _keep_apart(self, kernels: Sequence[str]) -> list[str]:
+    def _keep_apart(self, kernels: Sequence[str], modes: bool = True) -> list[str]:
         """``kernels`` without those that mix the families of ``apart``: they are known as
         NaN from now on, as failed kernels are (no LP uses them, no stage asks again). Their
         time would be the host's switching penalty, hundreds of cycles that no resource
-        explains, not their forms' throughput."""
-        if not self.apart:
+        explains, not their forms' throughput. Where the wide mode was seen (and ``modes``),
+        also those that mix 512-bit and narrower vector forms: the wide stage's."""
+        modal = modes and bool(self.wide_mode.get("observed"))
+        if not self.apart and not modal:
             return list(kernels)
         keep = []
         for k in kernels:
-            if transition.mixes(parse_canonical(k), self.apart):
+            kernel = parse_canonical(k)
+            if transition.mixes(kernel, self.apart) or (modal and mixes_mode(kernel,
+                                                                             self.widths)):
                 if k not in self.meas:
                     self.meas[k] = math.nan
                     self.avoided.append(k)
@@ -120,7 +133,8 @@ class Build:
 
     def run(self, stage: str, kernels: Sequence[str], measure: Measure, log: Log) -> None:
         """Measure the kernels of ``kernels`` not known yet, as one round of ``stage``."""
-        todo = sorted({k for k in self._keep_apart(kernels) if k not in self.meas})
+        todo = sorted({k for k in self._keep_apart(kernels, modes=stage != "wide")
+                       if k not in self.meas})
         if todo:
             self.calls[stage] = self.calls.get(stage, 0) + 1
             self._store(todo, measure(list(todo)))
@@ -157,12 +171,16 @@ class Build:
 
     @classmethod
     def start(cls, forms: Sequence[str], measure: Measure, config: PalmedConfig | None = None,
-              log: Log = _nolog, apart: Mapping[str, str] | None = None) -> Build:
+              log: Log = _nolog, apart: Mapping[str, str] | None = None,
+              widths: Mapping[str, int] | None = None) -> Build:
         """Stage 1: every form alone; forms whose singleton failed are dropped. ``apart``:
-        the families of forms no kernel may mix (see the field)."""
+        the families of forms no kernel may mix (see the field); ``widths``: the forms'
+        vector lengths, for the wide probe (``palmed.wide``), run here."""
         t0 = time.perf_counter()
         b = cls(config=config or PalmedConfig(), forms=sorted(set(forms)),
-                apart={f: fam for f, fam in sorted((apart or {}).items()) if f in set(forms)})
+                apart={f: fam for f, fam in sorted((apart or {}).items()) if f in set(forms)},
+                widths={f: int(w) for f, w in sorted((widths or {}).items())
+                        if f in set(forms) and w})
         b.run("singletons", singleton_kernels(b.forms), measure, log)
         ok = [f for f in b.forms if math.isfinite(b.meas[_text({f: 1})])]
         b.dropped = [f for f in b.forms if f not in ok]
@@ -170,6 +188,15 @@ class Build:
         if len(ok) < 2:
             raise RuntimeError(f"fewer than two forms measured ok (failed: {b.dropped})")
         b.candidates = pair_candidates(b.singletons, b.config.max_pair_forms)
+        if widths is not None:
+            while True:
+                need, record = probe(b.forms, b.widths, b.singletons, b.meas, b.candidates,
+                                     b.config)
+                if record is not None:
+                    break
+                b.run("wide", need, measure, log)
+            b.wide_mode = record
+            log(f"wide: mode {'seen' if record['observed'] else 'not seen'}: {record}")
         b._finish("singletons", t0)
         return b
 
@@ -298,6 +325,7 @@ class Build:
                     self.config.tol, self.config.max_mult)),
                 **dict(provenance or {}),
             })
+        self.wide(model, measure, log)
         stats = {"kernels": dict(self.counts), "total_kernels": sum(self.counts.values()),
                  "measure_rounds": dict(self.calls), "n_forms": len(self.forms),
                  "failed_kernels": len(self.failed), "failed_singletons": self.dropped,
@@ -309,8 +337,41 @@ class Build:
                  "n_behaviour_reps": len(self.forms) - sum(len(m) - 1
                                                             for m in behaviour.values()),
                  # its size, and whether it ran (noisy measurements within the budget)
-                 "joint_refit": st.refit}
+                 "joint_refit": st.refit, "wide": model.provenance.get("wide")}
         return model, stats
+
+    def wide(self, model: ResourceModel, measure: Measure, log: Log = _nolog) -> None:
+        """Stage 8 (after ``remaining``, same job), where the probe saw the mode: the vector
+        forms' uses beside a 512-bit form (``palmed.wide``), set in ``model.wide``; the
+        probe's record goes to the model's provenance either way."""
+        if not self.wide_mode:
+            return
+        model.provenance["wide"] = dict(self.wide_mode)
+        if not self.wide_mode.get("observed"):
+            return
+        t0 = time.perf_counter()
+        st = _LPStats()
+        index = {r: i for i, r in enumerate(model.resources)}
+        rho = {f: {index[r]: v for r, v in u.items()} for f, u in model.rho.items()}
+        texts = [model.provenance["resources"][r]["saturating"] for r in model.resources]
+        # a saturating kernel whose measurement failed is sized by the model's prediction
+        saturating = [(sk, m if math.isfinite(m := self.meas.get(t, math.nan))
+                       else resmodel_predict(model, sk)[0])
+                      for t in texts for sk in [parse_canonical(t)]]
+        while True:
+            step = fit_wide(self.forms, self.widths, self.singletons, rho, saturating,
+                            self.meas, self.wide_mode["carrier"], config=self.config,
+                            log=log, lp_stats=st)
+            if step.done:
+                break
+            self.run("wide", step.need, measure, log)
+        model.wide = {"trigger": split(self.forms, self.widths)[0],
+                      "rho": {f: {model.resources[i]: v for i, v in sorted(u.items())}
+                              for f, u in sorted(step.result.items())}}
+        model.provenance["wide"]["kernels"] = self.counts.get("wide", 0)
+        model.provenance["kernels"] = dict(self.counts)
+        self.lp["wide"] = {"solves": st.solves, "seconds": st.seconds}
+        self.wall["wide"] = self.wall.get("wide", 0.0) + time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state file
 
@@ -327,7 +388,8 @@ class Build:
                 "calls": self.calls, "wall_seconds": self.wall, "lp": self.lp,
                 "dropped": self.dropped, "candidates": self.candidates,
                 "basic": self.basic.as_dict() if self.basic else None, "core": core,
-                "info": self.info, "apart": self.apart, "avoided": self.avoided}
+                "info": self.info, "apart": self.apart, "avoided": self.avoided,
+                "widths": self.widths, "wide_mode": self.wide_mode}
 
     def save(self, path: Path) -> None:
         write_json_atomic(self.as_dict(), path)
@@ -360,7 +422,8 @@ class Build:
                 wall=dict(d["wall_seconds"]), lp=dict(d["lp"]), dropped=list(d["dropped"]),
                 candidates=list(d["candidates"]),
                 basic=Basic(**d["basic"]) if d["basic"] else None, core=core,
-                done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})))
+                done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})),
+                widths=dict(d.get("widths", {})), wide_mode=dict(d.get("wide_mode", {})))
         kernels = [k for stage in d["asked"].values() for k in stage]
         if kernels:
             b._store(kernels, measure(kernels))
@@ -372,13 +435,15 @@ def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig 
                 log: Log = _nolog, probes: Sequence[str] | None = None,
                 provenance: Mapping[str, Any] | None = None,
                 apart: Mapping[str, str] | None = None,
+                widths: Mapping[str, int] | None = None,
                 ) -> tuple[ResourceModel, dict[str, Any]]:
     """Run every stage against ``measure`` in this process; return the model and statistics.
 
     ``stats``: kernels measured per stage (``kernels``), measurement rounds, LP solves and
-    seconds per fitting stage (``lp``), wall seconds per stage.
+    seconds per fitting stage (``lp``), wall seconds per stage. ``widths`` (form -> vector
+    length in bits) runs the wide stage.
     """
-    b = Build.start(forms, measure, config, log, apart)
+    b = Build.start(forms, measure, config, log, apart, widths)
     b.pairs(measure, log, probes)
     b.classes(log)
     b.core_mapping(measure, log)

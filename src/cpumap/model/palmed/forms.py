@@ -302,14 +302,15 @@ def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float]
                meas: Measurements, saturating: Sequence[tuple[Mapping[str, int], float]],
                pair_index: Mapping[str, list[str]], cfg: PalmedConfig,
                stats: _LPStats, bad: set[frozenset[str]] | None = None,
-               ) -> dict[str, dict[int, float]]:
+               hold: bool = False) -> dict[str, dict[int, float]]:
     """Every form's uses of the resources of ``saturating``: per-form LPs (``_form_lp``),
-    alternated with the designations until both are stable (at most ``fit_rounds``)."""
+    alternated with the designations until both are stable (at most ``fit_rounds``).
+    ``hold``: every mix keeps its saturated resource, also under noise (as exact fits do)."""
     n_res = len(saturating)
     rho: dict[str, dict[int, float]] = {f: dict(v) for f, v in core.rho.items()}
     per_form = {f: _form_rows(f, saturating, singletons, meas, cfg, pair_index, bad or set())
                 for f in forms}
-    key = _fit_key(core, forms, singletons, meas, per_form, n_res, cfg)
+    key = (_fit_key(core, forms, singletons, meas, per_form, n_res, cfg), hold)
     if key in _FITS:
         return {f: dict(v) for f, v in _FITS[key].items()}
     exact = cfg.tol < NOISY_TOL
@@ -335,7 +336,7 @@ def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float]
         before = [row.designated for f in forms for row in per_form[f][0]]
         for f in forms:
             rows, fixed = per_form[f]
-            _redesignate_form(f, rows, fixed, rho, n_res, cfg.tol)
+            _redesignate_form(f, rows, fixed, rho, n_res, cfg.tol, hold)
         if before == [row.designated for f in forms for row in per_form[f][0]] \
                 and moved <= 1e-9:
             break
@@ -346,7 +347,8 @@ def _fit_forms(core: Core, forms: Sequence[str], singletons: Mapping[str, float]
 
 
 def _redesignate_form(form: str, rows: list[_Row], fixed: list[int | None],
-                      rho: Mapping[str, Mapping[int, float]], n_res: int, tol: float) -> None:
+                      rho: Mapping[str, Mapping[int, float]], n_res: int, tol: float,
+                      hold: bool = False) -> None:
     """As _redesignate, for one form's rows: only its singleton follows its bottleneck.
 
     Exact measurements: a mix keeps its saturated resource (its increase bounds the use from
@@ -357,6 +359,7 @@ def _redesignate_form(form: str, rows: list[_Row], fixed: list[int | None],
     for row, fix in zip(rows, fixed, strict=True):
         load = _predict(rho, n_res, row.kernel)
         if fix is not None:
-            row.designated = fix if tol < NOISY_TOL else _keep_fixed(load, fix, row.cycles, tol)
+            row.designated = fix if tol < NOISY_TOL or hold else \
+                _keep_fixed(load, fix, row.cycles, tol)
         elif row.kernel == {form: 1} and n_res:
             row.designated = int(np.argmax(load))

@@ -1,0 +1,191 @@
+"""The 512-bit mode: the uses of forms in kernels that hold a 512-bit form (stage 8).
+
+A resource model gives every form one set of uses, whatever else is in the kernel. Intel
+cores break that: while 512-bit μops are in flight, port 1 takes no vector μops (its vector
+unit is fused with port 0's for the 512-bit ones). On a Sapphire Rapids-class guest
+``VPADDD xmm`` x 30 runs at 3 per cycle, 10 cycles; with one ``VPADDD zmm`` among them, 15.5
+(2 per cycle). The full-profile model, fitted without knowing it, predicted held-out kernels
+mixing 512-bit and narrower vector forms 20 % too fast on average (38.6 % RMS; the other
+kernels 9.9 %), and the mixed kernels it measured spoilt its other uses (on a simulated core
+with the mode: 42 resources for 15 forms, 12 % RMS on kernels without a 512-bit form).
+
+So the model gets a second set of uses, its *wide* uses, that predictions take in a kernel
+holding a 512-bit form (``ResourceModel.wide``), measured against the plain model's own
+resources with a *carrier*: the fastest 512-bit form, added once to kernels that hold no
+512-bit form of their own.
+
+1. **Probe** (``probe``, right after the singletons): each narrow vector form among the pair
+   candidates beside the carrier, the form ``CARRIER_SHARE`` times the carrier's time
+   (``mode_singleton``). A resource model says that kernel takes at most the two parts in
+   sequence; slower by more than ``MODE_TOLS`` tol is the mode. None: nothing more is done
+   (Zen 4 double-pumps its 512-bit μops on the same units). One kernel per probe.
+2. Where the mode is seen, **the plain stages never mix** 512-bit and narrower vector forms
+   in a kernel (``mixes_mode``; ``Build`` keeps them apart as it does the SSE/AVX families):
+   the plain model is then the host outside the mode.
+3. **Wide stage** (``fit_wide``, after the refinement): the mode singleton of every narrow
+   vector form; every vector form against every saturating kernel with the carrier added
+   (``SK^s + Z``), and every other form against those that a vector form saturates (a
+   general-purpose form meets vector μops that left port 1), screened by proportion as the
+   mapping kernels are (``select_mapping_kernels``); then Palmed's per-form LPs over those
+   kernels (``forms._fit_forms``), each mix held to its saturated resource (``hold``). The
+   other forms keep their plain uses of the resources no vector form saturates.
+
+Exact on the simulated core of ``tests/test_palmed.py`` up to the carrier's share (0.2 % RMS
+on mixed kernels, 1.3 % at most: the mode singletons hold one carrier); at 2 % noise 6 %
+RMS on mixed kernels, 19 % without the stage. Approximate where the mode's port groups have
+no resource of their own among the plain model's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cpumap.model.palmed.config import Kernel, Log, Measurements, PalmedConfig, _nolog
+from cpumap.model.palmed.core import Core, Step
+from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
+from cpumap.model.palmed.kernels import _add, _ok, _text, mix
+from cpumap.model.palmed.lp import _LPStats
+
+#: Vector length (bits) from which a form switches the host to the mode.
+WIDE_BITS = 512
+#: A mode singleton gives the narrow form this many times the carrier's time: the carrier's
+#: share of the kernel stays about 1/65.
+CARRIER_SHARE = 64.0
+#: The host has the mode when a probe beside the carrier is slower than the two in sequence
+#: by more than this many tol.
+MODE_TOLS = 4.0
+
+
+def split(forms: Sequence[str], widths: Mapping[str, int]) -> tuple[list[str], list[str]]:
+    """(512-bit forms, narrower vector forms) among ``forms`` (``widths``: vector length in
+    bits, ``cpumap.isa.transition.vector_lengths``; 0 or absent for forms without a vector
+    register)."""
+    wide = sorted(f for f in forms if widths.get(f, 0) >= WIDE_BITS)
+    narrow = sorted(f for f in forms if 0 < widths.get(f, 0) < WIDE_BITS)
+    return wide, narrow
+
+
+def carrier(wide: Sequence[str], singletons: Mapping[str, float]) -> str:
+    """The 512-bit form added to kernels that hold none: the fastest (the smallest share of
+    any kernel), the first by name among equals."""
+    return min(wide, key=lambda f: (round(singletons[f], 9), f))
+
+
+def mode_singleton(form: str, z: str, singletons: Mapping[str, float],
+                   cfg: PalmedConfig) -> tuple[Kernel, Kernel]:
+    """(Z^s, Z^s + form^n): the form beside the carrier, n t(form) ~ ``CARRIER_SHARE`` s t(Z)."""
+    return mix({z: 1}, singletons[z], form, singletons[form], CARRIER_SHARE, cfg.max_kernel)
+
+
+def _with_carrier(sk: Mapping[str, int], wide: set[str], z: str) -> Kernel:
+    return dict(sk) if any(f in wide for f in sk) else _add(sk, z, 1)
+
+
+def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
+          meas: Measurements, probes: Sequence[str] | None = None,
+          config: PalmedConfig | None = None) -> tuple[list[str], dict[str, Any] | None]:
+    """(kernels to measure, None) until the probes are measured, then ([], record): whether
+    the host has the mode (``record["observed"]``), its carrier, the probes' slowdowns.
+
+    Run right after the singletons: where the mode exists, no later stage may mix 512-bit and
+    narrower vector forms (their uses differ by kernel), and the wide stage fits those
+    kernels at the end.
+    """
+    cfg = config or PalmedConfig()
+    wide, narrow = split(forms, widths)
+    record: dict[str, Any] = {"observed": False, "wide_forms": len(wide),
+                              "narrow_forms": len(narrow)}
+    if not wide or not narrow:
+        record["reason"] = "no 512-bit form" if not wide else "no narrower vector form"
+        return [], record
+    z = carrier(wide, singletons)
+    record["carrier"] = z
+    chosen = sorted(set(narrow) & set(probes)) if probes is not None else narrow
+    mode = {f: mode_singleton(f, z, singletons, cfg) for f in chosen}
+    need = sorted({_text(k) for pair in mode.values() for k in pair} - set(meas))
+    if need:
+        return need, None
+    slow = {}
+    for f, (base, k) in mode.items():
+        if _ok(meas, _text(k)):
+            slow[f] = meas[_text(k)] / (k[f] * singletons[f] + base[z] * singletons[z])
+    record["probes"] = len(slow)
+    record["probe_max_slowdown"] = round(max(slow.values(), default=math.nan), 4)
+    record["probes_slower"] = sum(1 for v in slow.values() if v > 1 + MODE_TOLS * cfg.tol)
+    record["observed"] = record["probes_slower"] > 0
+    if not record["observed"]:
+        record["reason"] = "no probe slower beside the carrier than in sequence"
+    return [], record
+
+
+def mixes_mode(kernel: Mapping[str, int], widths: Mapping[str, int]) -> bool:
+    """Whether a kernel holds a 512-bit form and a narrower vector form: in the mode, outside
+    what the plain stages may measure."""
+    ws = [widths.get(f, 0) for f in kernel]
+    return any(w >= WIDE_BITS for w in ws) and any(0 < w < WIDE_BITS for w in ws)
+
+
+def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
+             rho: Mapping[str, Mapping[int, float]],
+             saturating: Sequence[tuple[Mapping[str, int], float]], meas: Measurements,
+             z: str, *, config: PalmedConfig | None = None, log: Log = _nolog,
+             lp_stats: _LPStats | None = None) -> Step:
+    """Stage 8: the wide uses of the vector forms, on a host where ``probe`` saw the mode.
+
+    ``rho`` is the plain model (form -> resource index -> use), ``saturating`` its saturating
+    kernels with their times, in resource order, ``z`` the carrier. The vector forms' wide
+    uses come from Palmed's per-form LPs (``forms._fit_forms``) over the kernels measured in
+    the mode only (mode singletons, ``SK^s + Z`` and its mixes), the other forms' uses fixed
+    at their plain ones (a general-purpose form runs the same beside a 512-bit one). Returns
+    a Step whose ``need`` lists kernels to measure, or ``done`` with ``result`` = form ->
+    resource index -> wide use.
+    """
+    cfg = config or PalmedConfig()
+    wide, narrow = split(forms, widths)
+    mode = {f: mode_singleton(f, z, singletons, cfg) for f in narrow}
+    need = sorted({_text(k) for pair in mode.values() for k in pair} - set(meas))
+    if need:
+        return Step(need=need)
+    # each form's time in the mode: a narrow one's beside the carrier, per copy (the
+    # carrier's share is 1/(CARRIER_SHARE + 1) at most), a 512-bit one's alone
+    t_mode = {f: singletons[f] for f in wide}
+    for f, (_, k) in mode.items():
+        if _ok(meas, _text(k)):
+            t_mode[f] = meas[_text(k)] / k[f]
+    vector = sorted(t_mode)
+    wide_set = set(wide)
+    sat = [(_with_carrier(sk, wide_set, z),
+            t + (0.0 if any(f in wide_set for f in sk) else singletons[z]))
+           for sk, t in saturating]
+    # the other forms only meet the resources a vector form saturates: what the mode can
+    # change for them (general-purpose forms beside vector μops that left port 1); their uses
+    # of the others stay the plain ones
+    vres = [r for r, (sk, _) in enumerate(saturating) if any(widths.get(f, 0) for f in sk)]
+    # (a narrow form whose mode singleton failed, e.g. legacy SSE kept apart from the
+    # carrier's AVX family, keeps its plain uses everywhere)
+    other = sorted(f for f in forms if not widths.get(f, 0))
+    need = sorted(set(select_mapping_kernels(sat, vector, t_mode, meas, cfg))
+                  | set(select_mapping_kernels([sat[r] for r in vres], other, singletons,
+                                               meas, cfg)))
+    if need:
+        return Step(need=need)
+    start = {f: dict(u) for f, u in rho.items()}
+    core = Core(basic=[], defining=[dict(sk) for sk, _ in sat], rho=start)
+    # every mix keeps its saturated resource (``hold``) also under noise: released, the
+    # LPs traded uses between resources that the mode makes alike (VADDPD zmm's use of the
+    # p05-like resource moved to another one, which VADDPD xmm did not use: a kernel of the
+    # two predicted half its time on a simulated machine with 2 % noise)
+    fitted = _fit_forms(core, [*vector, *other], {**singletons, **t_mode}, meas, sat, {}, cfg,
+                        lp_stats or _LPStats(), hold=True)
+    vset = set(vres)
+    for f in other:
+        fitted[f] = {r: v for r, v in fitted[f].items() if r in vset} | \
+            {r: v for r, v in rho.get(f, {}).items() if r not in vset}
+    log(f"wide: wide uses of {len(vector)} vector forms ({len(narrow)} narrower, "
+        f"{len(wide)} 512-bit) against {len(sat)} resources with carrier {z}, and of "
+        f"{len(other)} other forms against the {len(vres)} a vector form saturates")
+    return Step(need=[], result={f: {r: v for r, v in u.items() if v > 0}
+                                 for f, u in fitted.items()})
+
