@@ -146,6 +146,29 @@ def test_predict_with_a_model(results, tmp_path):
     assert proc.returncode == 2 and "missing.json" in proc.stderr
 
 
+def test_predict_takes_the_wide_uses_beside_a_512_bit_form(results, tmp_path):
+    """A model with the 512-bit mode (``wide``): VADDPD xmm leaves port 1 beside a zmm
+    form; the answer says which uses it took."""
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({
+        "format": "cpumap-resource-model", "version": 1, "resources": ["p015", "p05"],
+        "rho": {"VADDPD_XMM_XMM_XMM": {"p015": 1 / 3},
+                "VADDPD_ZMM_ZMM_ZMM": {"p015": 0.5, "p05": 0.5}},
+        "wide": {"trigger": ["VADDPD_ZMM_ZMM_ZMM"],
+                 "rho": {"VADDPD_XMM_XMM_XMM": {"p05": 0.5}}},
+        "provenance": {}}))
+    out = json.loads(run(results, "predict", "--json", "--model", str(model),
+                         "VADDPD_XMM_XMM_XMM*6").stdout)
+    assert out["cycles"] == pytest.approx(2.0) and out["wide_mode"] is False
+    out = json.loads(run(results, "predict", "--json", "--model", str(model),
+                         "VADDPD_XMM_XMM_XMM*6", "VADDPD_ZMM_ZMM_ZMM*2").stdout)
+    assert out["cycles"] == pytest.approx(4.0) and out["bottleneck"] == "p05"
+    assert out["wide_mode"] is True
+    text = run(results, "predict", "--model", str(model), "VADDPD_XMM_XMM_XMM*6",
+               "VADDPD_ZMM_ZMM_ZMM*2").stdout
+    assert "uses beside a 512-bit form" in text
+
+
 def test_predict_in_bulk_one_json_line_per_kernel(results, tmp_path):
     """A file (or standard input) of kernels: terms separated by ';' or canonical text, AT&T
     resolved through the catalogue; a bad line is answered with an error, the rest still

@@ -109,7 +109,9 @@ class Resolver:
                 "ipc": n / cycles if cycles > 0 else None, "bottleneck": bottleneck,
                 "bottleneck_label": predictor.labels.get(bottleneck) if bottleneck else None,
                 "interacting": predictor.interacting(kernel),
-                "approximate": predictor.approximate(kernel)}
+                "approximate": predictor.approximate(kernel),
+                # the forms' uses beside a 512-bit form (model.wide, where the host has it)
+                "wide_mode": predictor.wide_mode(kernel)}
 
 
 def line_terms(line: str) -> list[str]:
@@ -211,6 +213,9 @@ def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
                   "switches between legacy SSE and 256-bit AVX per instance, at the cost "
                   "measured on this host (resource bound "
                   f"{out['throughput_bound']:.4f})")
+        if out["wide_mode"]:
+            print("  with the forms' uses beside a 512-bit form (model.json wide: on this "
+                  "host narrow vector forms run differently beside 512-bit ones)")
     if out["interacting"]:
         # a prediction the model cannot vouch for: said on stderr so that --json stays JSON
         print("warning: the kernel holds a pair of forms that ran slower together than one "

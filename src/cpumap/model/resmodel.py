@@ -334,8 +334,7 @@ class Predictor:
     def predict(self, kernel: Mapping[str, int]) -> tuple[float, str | None]:
         """Cycles per instance and bottleneck resource; KeyError names an unknown form."""
         load: dict[int, float] = {}
-        table = self._wide_uses if self._trigger and not self._trigger.isdisjoint(kernel) \
-            else self.uses
+        table = self._wide_uses if self.wide_mode(kernel) else self.uses
         for form, n in kernel.items():
             try:
                 uses = table[form]
@@ -347,6 +346,11 @@ class Predictor:
 
     def interacting(self, kernel: Iterable[str]) -> bool:
         return _holds_pair(self._pairs, kernel)
+
+    def wide_mode(self, kernel: Iterable[str]) -> bool:
+        """Whether the kernel is predicted with the uses beside a 512-bit form
+        (``model.wide``): it holds a trigger form."""
+        return bool(self._trigger) and not self._trigger.isdisjoint(kernel)
 
     def approximate(self, kernel: Iterable[str]) -> list[str]:
         """The kernel's forms the model holds only approximately (``model.approximate``)."""
