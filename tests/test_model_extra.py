@@ -109,15 +109,18 @@ def test_validation_reports_kernels_mixing_512_bit_and_narrower_vector_forms(cat
     flight, which no resource model of multisets can say."""
     from cpumap.isa import transition
     from cpumap.measure.asmgen import canonical, parse_canonical
-    from cpumap.model import jobs, resmodel, validation
+    from cpumap.model import jobs, resmodel
     widths = transition.vector_lengths(catalogue_df)
     assert widths["VADDPD_ZMM_ZMM_ZMM"] == 512 and widths["VPSHUFD_XMM_XMM_I8"] == 128
     # the vector length: the widest vector register or memory operand
     assert widths["VCVTPD2PS_XMM_M256"] == 256 and "ADD_R64_R64" not in widths
-    assert validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VPSHUFD_XMM_XMM_I8"], widths)
-    assert validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VADDPD_YMM_YMM_YMM"], widths)
-    assert not validation.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "ADD_R64_R64"], widths)
-    assert not validation.mixes_512(["VADDPD_YMM_YMM_YMM", "VPSHUFD_XMM_XMM_I8"], widths)
+    carriers = transition.carriers(catalogue_df)  # the 512-bit probe's: registers only
+    assert "VADDPD_ZMM_ZMM_ZMM" in carriers and "VMOVUPD_ZMM_M512" not in carriers
+    assert "VADDPD_YMM_YMM_YMM" not in carriers
+    assert transition.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VPSHUFD_XMM_XMM_I8"], widths)
+    assert transition.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "VADDPD_YMM_YMM_YMM"], widths)
+    assert not transition.mixes_512(["VADDPD_ZMM_ZMM_ZMM", "ADD_R64_R64"], widths)
+    assert not transition.mixes_512(["VADDPD_YMM_YMM_YMM", "VPSHUFD_XMM_XMM_I8"], widths)
 
     forms = ["VADDPD_ZMM_ZMM_ZMM", "VPSHUFD_XMM_XMM_I8", "ADD_R64_R64"]
     model = resmodel.ResourceModel(resources=["P0", "P5"], rho={
@@ -134,7 +137,7 @@ def test_validation_reports_kernels_mixing_512_bit_and_narrower_vector_forms(cat
             for text in kernels:
                 k = parse_canonical(text)
                 cycles = resmodel.predict(model, k)[0]
-                out[canonical(k)] = cycles * (2.0 if validation.mixes_512(k, widths) else 1.0)
+                out[canonical(k)] = cycles * (2.0 if transition.mixes_512(k, widths) else 1.0)
             return out
 
     table, metrics = jobs.run_validation(model, forms, Fake(), 7, seed=3)

@@ -429,7 +429,7 @@ def _kinds(kernels: list[dict[str, int]], widths: dict[str, int]) -> dict[str, l
     return out
 
 
-def test_wide_mode_gets_uses_of_its_own() -> None:
+def test_wide_mode_gets_uses_of_its_own(tmp_path) -> None:
     """On a core whose narrow vector forms leave port 1 beside a 512-bit form, with the
     vector lengths, the probe sees the mode, the plain stages keep the two kinds apart and
     the wide stage gives every form its uses beside a 512-bit form: plain kernels exact, the
@@ -461,6 +461,26 @@ def test_wide_mode_gets_uses_of_its_own() -> None:
         assert np.sqrt(np.mean(e ** 2)) < 0.005 and np.abs(e).max() < 0.02, kind
     plain = resmodel.ResourceModel(model.resources, model.rho)
     assert np.sqrt(np.mean(err(plain, kinds["mixed"]) ** 2)) > 0.1
+    # the pipeline's way, one stage per process through state files: the same bytes
+    state, a, b = tmp_path / "state.json", tmp_path / "a.json", tmp_path / "b.json"
+    build = Build.start(sim.forms, sim.measure, cfg, widths=widths)
+    build.save(state)
+    for stage in ("pairs", "core", "mapping"):
+        build = Build.load(state, sim.measure, cfg)
+        assert build.wide_mode == {k: v for k, v in record.items() if k != "kernels"}
+        assert build.widths == widths
+        if stage == "pairs":
+            build.pairs(sim.measure)
+            build.classes()
+        elif stage == "core":
+            build.core_mapping(sim.measure)
+        else:
+            build.mapping(sim.measure)
+        build.save(state)
+    again, _ = Build.load(state, sim.measure, cfg).remaining(sim.measure)
+    resmodel.save(model, a)
+    resmodel.save(again, b)
+    assert a.read_bytes() == b.read_bytes()
     # no plain-stage kernel mixes the two kinds
     assert not any({128, 512} <= {widths.get(f, 0) for f in parse_canonical(t)}
                    for stage in ("pairs", "core", "mapping", "refine")

@@ -63,6 +63,28 @@ def vector_lengths(forms: Any) -> dict[str, int]:
     return out
 
 
+#: Vector length (bits) from which a form switches an Intel core to its 512-bit mode.
+WIDE_BITS = 512
+
+
+def carriers(forms: Any) -> list[str]:
+    """The 512-bit forms of a catalogue table (``name``, ``operands``) with register
+    operands only: those the 512-bit probe may add to kernels (``cpumap.model.palmed.wide``;
+    a memory form would add a load, or a store, to every kernel it measures)."""
+    return sorted(str(name) for name, ops in zip(forms["name"], forms["operands"], strict=True)
+                  if vector_length(ops) >= WIDE_BITS
+                  and all(o.get("kind") != "mem" for o in operands(ops)))
+
+
+def mixes_512(kernel: Iterable[str], lengths: Mapping[str, int]) -> bool:
+    """Whether a kernel holds a 512-bit vector form beside a narrower vector form
+    (``lengths``: ``vector_lengths``). On Intel cores port 1 takes no vector μops while
+    512-bit μops are in flight, so the narrow forms' uses depend on the rest of the kernel
+    (``cpumap.model.palmed.wide``)."""
+    ws = [lengths.get(f, 0) for f in kernel]
+    return any(w >= WIDE_BITS for w in ws) and any(0 < w < WIDE_BITS for w in ws)
+
+
 def family(encoding: str, ops: Any) -> str | None:
     """``sse``, ``avx`` or None for a catalogue row's ``encoding`` and ``operands`` (``ops``)."""
     ops = operands(ops)

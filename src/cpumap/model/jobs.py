@@ -196,8 +196,9 @@ def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], 
     apart = transition.families(job.measurer.forms) if penalty else {}
     # the vector lengths: the wide probe (``palmed.wide``) sees whether the host runs narrow
     # vector forms differently beside 512-bit ones
+    cat = job.measurer.forms
     b = Build.start(forms, job.measure, job.cfg, job.log, apart,
-                    transition.vector_lengths(job.measurer.forms) if wide else None)
+                    transition.vector_lengths(cat) if wide else None, transition.carriers(cat))
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
     if sse_avx is not None:
         b.info["sse_avx_transition"] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -40,16 +40,6 @@ def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: in
     return list(out)
 
 
-def mixes_512(kernel: Iterable[str], widths: Mapping[str, int]) -> bool:
-    """Whether a kernel holds a 512-bit vector form beside a narrower vector form: on Intel
-    cores port 1 takes no vector μops while 512-bit μops are in flight, so the narrow forms'
-    uses depend on the rest of the kernel, which no resource model of multisets expresses
-    (the Sapphire Rapids-class guest's full-profile model: such held-out kernels 38.6 % RMS,
-    the others 9.9 %). The validation reports them apart, beside the whole set."""
-    ws = {widths.get(f, 0) for f in kernel}
-    return max(ws, default=0) >= 512 and any(0 < w < 512 for w in ws)
-
-
 def metrics(table: pd.DataFrame) -> dict[str, float]:
     """Coverage-free metrics of a table with ``ipc_measured`` and ``ipc_predicted`` columns."""
     ok = table.dropna(subset=["ipc_measured", "ipc_predicted"])
@@ -76,7 +66,7 @@ def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
         rows.append({"kernel": text, "n_insns": n, "cycles_measured": meas,
                      "cycles_predicted": pred, "bottleneck": bottleneck,
                      "interacting": resmodel.interacting(model, k),
-                     "mixes_512": mixes_512(k, widths or {}),
+                     "mixes_512": transition.mixes_512(k, widths or {}),
                      "ipc_measured": n / meas if meas and meas > 0 else math.nan,
                      "ipc_predicted": n / pred if pred > 0 else math.nan})
     return pd.DataFrame(rows)

@@ -55,7 +55,7 @@ from cpumap.model.palmed.kernels import (
 )
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
-from cpumap.model.palmed.wide import fit_wide, mixes_mode, probe, split
+from cpumap.model.palmed.wide import fit_wide, probe, split
 from cpumap.model.resmodel import ResourceModel
 from cpumap.model.resmodel import predict as resmodel_predict
 from cpumap.store.files import write_json_atomic
@@ -122,8 +122,8 @@ class Build:
         keep = []
         for k in kernels:
             kernel = parse_canonical(k)
-            if transition.mixes(kernel, self.apart) or (modal and mixes_mode(kernel,
-                                                                             self.widths)):
+            if transition.mixes(kernel, self.apart) or (
+                    modal and transition.mixes_512(kernel, self.widths)):
                 if k not in self.meas:
                     self.meas[k] = math.nan
                     self.avoided.append(k)
@@ -172,10 +172,12 @@ class Build:
     @classmethod
     def start(cls, forms: Sequence[str], measure: Measure, config: PalmedConfig | None = None,
               log: Log = _nolog, apart: Mapping[str, str] | None = None,
-              widths: Mapping[str, int] | None = None) -> Build:
+              widths: Mapping[str, int] | None = None,
+              carriers: Sequence[str] | None = None) -> Build:
         """Stage 1: every form alone; forms whose singleton failed are dropped. ``apart``:
         the families of forms no kernel may mix (see the field); ``widths``: the forms'
-        vector lengths, for the wide probe (``palmed.wide``), run here."""
+        vector lengths, for the wide probe (``palmed.wide``), run here, with a carrier among
+        ``carriers`` (None: any 512-bit form)."""
         t0 = time.perf_counter()
         b = cls(config=config or PalmedConfig(), forms=sorted(set(forms)),
                 apart={f: fam for f, fam in sorted((apart or {}).items()) if f in set(forms)},
@@ -191,7 +193,7 @@ class Build:
         if widths is not None:
             while True:
                 need, record = probe(b.forms, b.widths, b.singletons, b.meas, b.candidates,
-                                     b.config)
+                                     b.config, carriers)
                 if record is not None:
                     break
                 b.run("wide", need, measure, log)

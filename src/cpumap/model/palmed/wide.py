@@ -20,8 +20,8 @@ resources with a *carrier*: the fastest 512-bit form, added once to kernels that
    sequence; slower by more than ``MODE_TOLS`` tol is the mode. None: nothing more is done
    (Zen 4 double-pumps its 512-bit μops on the same units). One kernel per probe.
 2. Where the mode is seen, **the plain stages never mix** 512-bit and narrower vector forms
-   in a kernel (``mixes_mode``; ``Build`` keeps them apart as it does the SSE/AVX families):
-   the plain model is then the host outside the mode.
+   in a kernel (``transition.mixes_512``; ``Build`` keeps them apart as it does the SSE/AVX
+   families): the plain model is then the host outside the mode.
 3. **Wide stage** (``fit_wide``, after the refinement): the mode singleton of every narrow
    vector form; every vector form against every saturating kernel with the carrier added
    (``SK^s + Z``), and every other form against those that a vector form saturates (a
@@ -42,14 +42,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cpumap.isa.transition import WIDE_BITS
 from cpumap.model.palmed.config import Kernel, Log, Measurements, PalmedConfig, _nolog
 from cpumap.model.palmed.core import Core, Step
 from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
 from cpumap.model.palmed.kernels import _add, _ok, _text, mix
 from cpumap.model.palmed.lp import _LPStats
 
-#: Vector length (bits) from which a form switches the host to the mode.
-WIDE_BITS = 512
 #: A mode singleton gives the narrow form this many times the carrier's time: the carrier's
 #: share of the kernel stays about 1/65.
 CARRIER_SHARE = 64.0
@@ -67,10 +66,15 @@ def split(forms: Sequence[str], widths: Mapping[str, int]) -> tuple[list[str], l
     return wide, narrow
 
 
-def carrier(wide: Sequence[str], singletons: Mapping[str, float]) -> str:
-    """The 512-bit form added to kernels that hold none: the fastest (the smallest share of
-    any kernel), the first by name among equals."""
-    return min(wide, key=lambda f: (round(singletons[f], 9), f))
+def carrier(wide: Sequence[str], singletons: Mapping[str, float],
+            allowed: Sequence[str] | None = None) -> str:
+    """The 512-bit form added to kernels that hold none: the fastest of ``allowed`` (all when
+    None or none of them is modelled) for the smallest share of any kernel, the first by name
+    among equals (measured alike within 0.5 %: the singletons' noise)."""
+    pool = sorted(set(wide) & set(allowed)) if allowed is not None else list(wide)
+    pool = pool or list(wide)
+    fastest = min(singletons[f] for f in pool)
+    return min(f for f in pool if singletons[f] <= fastest * 1.005)
 
 
 def mode_singleton(form: str, z: str, singletons: Mapping[str, float],
@@ -85,7 +89,8 @@ def _with_carrier(sk: Mapping[str, int], wide: set[str], z: str) -> Kernel:
 
 def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
           meas: Measurements, probes: Sequence[str] | None = None,
-          config: PalmedConfig | None = None) -> tuple[list[str], dict[str, Any] | None]:
+          config: PalmedConfig | None = None, carriers: Sequence[str] | None = None,
+          ) -> tuple[list[str], dict[str, Any] | None]:
     """(kernels to measure, None) until the probes are measured, then ([], record): whether
     the host has the mode (``record["observed"]``), its carrier, the probes' slowdowns.
 
@@ -100,7 +105,7 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     if not wide or not narrow:
         record["reason"] = "no 512-bit form" if not wide else "no narrower vector form"
         return [], record
-    z = carrier(wide, singletons)
+    z = carrier(wide, singletons, carriers)
     record["carrier"] = z
     chosen = sorted(set(narrow) & set(probes)) if probes is not None else narrow
     mode = {f: mode_singleton(f, z, singletons, cfg) for f in chosen}
@@ -118,13 +123,6 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     if not record["observed"]:
         record["reason"] = "no probe slower beside the carrier than in sequence"
     return [], record
-
-
-def mixes_mode(kernel: Mapping[str, int], widths: Mapping[str, int]) -> bool:
-    """Whether a kernel holds a 512-bit form and a narrower vector form: in the mode, outside
-    what the plain stages may measure."""
-    ws = [widths.get(f, 0) for f in kernel]
-    return any(w >= WIDE_BITS for w in ws) and any(0 < w < WIDE_BITS for w in ws)
 
 
 def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
