@@ -3,11 +3,17 @@
 Usage: python benchmarks/palmed_sim.py [--ports 10] [--forms 300] [--noise 0.0] [--seed 0]
                                      [--workers 1]
        python benchmarks/palmed_sim.py --matrix   # 8p/100f and 10p/300f, noise 0 and 2%
+       python benchmarks/palmed_sim.py --wide [--noise 0.02]   # the 512-bit mode
 
 Builds ``synthetic_mapping(n_ports, n_forms)``, runs ``palmed.build_model`` against the
 simulated machine (tol = 3.5 x noise), then predicts random held-out kernels (1-5 distinct
 forms, multiplicities 1-4) and prints kernels per stage, LP solve times, wall time, and the
 RMS relative error, MAPE of IPC and Kendall's tau against the exact (noise-free) schedule.
+
+``--wide``: the small core of ``portmap.wide_mode_mapping`` whose narrow vector forms leave
+port 1 beside 512-bit ones, built without and with the vector lengths (the 512-bit mode,
+``cpumap.model.palmed.wide``); RMS and max relative error of IPC per kind of held-out
+kernel (no 512-bit form, 512-bit forms only, mixed).
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from cpumap.isa.transition import mixes_512
 from cpumap.model import palmed, resmodel
 from cpumap.model.palmed.build import build_model
 from cpumap.model.palmed.forms import set_lp_workers
-from cpumap.model.portmap import synthetic_mapping
+from cpumap.model.portmap import synthetic_mapping, wide_mode_mapping
 from cpumap.model.simulate import SimulatedMachine
 
 
@@ -87,6 +94,26 @@ def run_one(ports: int, forms: int, noise: float, seed: int, tests: int,
             "kernels": stats["total_kernels"]}
 
 
+def run_wide(noise: float, seed: int, tests: int) -> None:
+    """The 512-bit mode's core, without and with the vector lengths: errors per kind."""
+    mapping, widths = wide_mode_mapping()
+    machine = SimulatedMachine(mapping=mapping, noise=noise, seed=seed)
+    cfg = palmed.PalmedConfig(tol=max(1e-6, 3 * noise), seed=seed)
+    kernels = held_out(machine.forms, tests, seed + 1000)
+    kinds: dict[str, list[dict[str, int]]] = {"plain": [], "512-bit only": [], "mixed": []}
+    for k in kernels:
+        wide = any(widths.get(f, 0) >= 512 for f in k)
+        kinds["mixed" if mixes_512(k, widths) else "512-bit only" if wide else "plain"].append(k)
+    print(f"512-bit mode core, {len(machine.forms)} forms, noise {noise:.1%}, tol {cfg.tol:g}")
+    for label, w in (("without the vector lengths", None), ("with them", widths)):
+        model, stats = build_model(machine.forms, machine.measure, config=cfg, widths=w)
+        parts = [f"{kind} ({len(ks)}): {evaluate(model, machine, ks)['rms']:.2%} RMS, "
+                 f"max {evaluate(model, machine, ks)['max']:.1%}"
+                 for kind, ks in kinds.items() if ks]
+        print(f"  {label}: {stats['n_resources']} resources, {stats['total_kernels']} "
+              f"kernels; " + "; ".join(parts), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ports", type=int, default=10)
@@ -100,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matrix", action="store_true",
                     help="8 ports/100 forms and 10 ports/300 forms, each without and with 2%% "
                     "noise")
+    ap.add_argument("--wide", action="store_true",
+                    help="the 512-bit mode's small core, without and with the vector lengths")
     args = ap.parse_args(argv)
     set_lp_workers(args.workers)
+    if args.wide:
+        run_wide(args.noise, args.seed, args.tests)
+        return 0
     if args.matrix:
         runs = [(8, 100, 0.0), (8, 100, 0.02), (10, 300, 0.0), (10, 300, 0.02)]
     else:

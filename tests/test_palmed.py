@@ -12,7 +12,7 @@ from scipy.stats import kendalltau
 from cpumap.measure.asmgen import canonical, parse_canonical
 from cpumap.model import palmed, resmodel
 from cpumap.model.palmed.build import Build, build_model
-from cpumap.model.portmap import synthetic_mapping
+from cpumap.model.portmap import synthetic_mapping, wide_mode_mapping
 from cpumap.model.simulate import SimulatedMachine
 
 
@@ -399,28 +399,6 @@ def test_joint_refit_cutting_plane_gives_the_full_lp(tmp_path, monkeypatch) -> N
     np.testing.assert_allclose(preds[1], preds[0], rtol=1e-6)
 
 
-def wide_machine(mode: bool = True) -> tuple[dict, dict[str, int]]:
-    """A small core with Intel's 512-bit mode (``mode``): beside a 512-bit form (``*Z*``),
-    the narrow vector forms (``*X*``) leave port 1; and the forms' vector lengths."""
-    alu = ["p0", "p1", "p5", "p6"]
-    forms = {"ADD": [alu], "IMUL": [["p1"]], "LOAD": [["p2", "p3"]],
-             "ADDLOAD": [alu, ["p2", "p3"]], "SHL": [["p0", "p6"]],
-             "VADDX": [["p0", "p1", "p5"]], "VSHUFX": [["p1", "p5"]], "VFMAX": [["p0", "p1"]],
-             "VLOADX": [["p2", "p3"]], "VADDXM": [["p0", "p1", "p5"], ["p2", "p3"]],
-             "VMULX": [["p0", "p1"], ["p5"]], "VADDZ": [["p0", "p5"]], "VFMAZ": [["p0"]],
-             "VSHUFZ": [["p5"]], "VADDZM": [["p0", "p5"], ["p2", "p3"]]}
-    m = {"kind": "Mapping3", "arch": {"insns": sorted(forms), "ports": [*alu, "p2", "p3"]},
-         "assignment": forms}
-    if mode:
-        m["wide"] = {"forms": ["VADDZ", "VADDZM", "VFMAZ", "VSHUFZ"],
-                     "assignment": {"VADDX": [["p0", "p5"]], "VSHUFX": [["p5"]],
-                                    "VFMAX": [["p0"]],
-                                    "VADDXM": [["p0", "p5"], ["p2", "p3"]],
-                                    "VMULX": [["p0"], ["p5"]]}}
-    widths = {f: 512 if "Z" in f else 128 for f in forms if f.startswith("V")}
-    return m, widths
-
-
 def _kinds(kernels: list[dict[str, int]], widths: dict[str, int]) -> dict[str, list]:
     out: dict[str, list] = {"plain": [], "wide": [], "mixed": []}
     for k in kernels:
@@ -435,9 +413,8 @@ def test_wide_mode_gets_uses_of_its_own(tmp_path) -> None:
     the wide stage gives every form its uses beside a 512-bit form: plain kernels exact, the
     others within the carrier's 1/65 share (the mode singletons hold one). The plain uses
     alone mispredict the mixed kernels (without the vector lengths the build measures mixed
-    kernels too, which spoil the plain uses: 42 resources for 15 forms, 12 % RMS on plain
-    kernels, 19 % on mixed ones)."""
-    m, widths = wide_machine()
+    kernels too, which spoil the plain uses: ``benchmarks/palmed_sim.py --wide``)."""
+    m, widths = wide_mode_mapping()
     sim = SimulatedMachine(mapping=m)
     cfg = palmed.PalmedConfig(tol=1e-6)
     kinds = _kinds(held_out(sim.forms, 600, seed=3), widths)
@@ -491,7 +468,7 @@ def test_no_wide_mode_no_wide_uses() -> None:
     """The same core without the mode: the probes (one kernel per narrow vector form beside
     the carrier) find nothing slower, the model has no wide uses, and predicts every kernel
     exactly, mixed ones too."""
-    m, widths = wide_machine(mode=False)
+    m, widths = wide_mode_mapping(mode=False)
     sim = SimulatedMachine(mapping=m)
     model, stats = build_model(sim.forms, sim.measure, config=palmed.PalmedConfig(tol=1e-6),
                                widths=widths)

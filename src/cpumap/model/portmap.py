@@ -47,6 +47,7 @@ __all__ = [
     "synthetic_mapping",
     "true_resource_model",
     "validate_mapping",
+    "wide_mode_mapping",
 ]
 
 #: Up to this many ports, cycles come from the closed-subset formula (vectorised, exact).
@@ -330,3 +331,28 @@ def synthetic_mapping(n_ports: int = 8, n_forms: int = 100, seed: int = 0) -> di
         assignment[name] = [list(u) for u in uops]
     return {"kind": "Mapping3", "arch": {"insns": insns, "ports": ports},
             "assignment": assignment}
+
+
+def wide_mode_mapping(mode: bool = True) -> tuple[dict[str, Any], dict[str, int]]:
+    """(Mapping3, vector lengths) of a small core with Intel's 512-bit mode (``mode``): beside
+    a 512-bit form (``*Z*``), the narrow vector forms (``*X*``) leave port 1, as Intel cores'
+    do while 512-bit μops are in flight. The machine of ``cpumap.model.palmed.wide``'s tests
+    and of ``benchmarks/palmed_sim.py --wide``."""
+    alu = ["p0", "p1", "p5", "p6"]
+    forms = {"ADD": [alu], "IMUL": [["p1"]], "LOAD": [["p2", "p3"]],
+             "ADDLOAD": [alu, ["p2", "p3"]], "SHL": [["p0", "p6"]],
+             "VADDX": [["p0", "p1", "p5"]], "VSHUFX": [["p1", "p5"]], "VFMAX": [["p0", "p1"]],
+             "VLOADX": [["p2", "p3"]], "VADDXM": [["p0", "p1", "p5"], ["p2", "p3"]],
+             "VMULX": [["p0", "p1"], ["p5"]], "VADDZ": [["p0", "p5"]], "VFMAZ": [["p0"]],
+             "VSHUFZ": [["p5"]], "VADDZM": [["p0", "p5"], ["p2", "p3"]]}
+    m: dict[str, Any] = {"kind": "Mapping3",
+                         "arch": {"insns": sorted(forms), "ports": [*alu, "p2", "p3"]},
+                         "assignment": forms}
+    if mode:
+        m["wide"] = {"forms": ["VADDZ", "VADDZM", "VFMAZ", "VSHUFZ"],
+                     "assignment": {"VADDX": [["p0", "p5"]], "VSHUFX": [["p5"]],
+                                    "VFMAX": [["p0"]],
+                                    "VADDXM": [["p0", "p5"], ["p2", "p3"]],
+                                    "VMULX": [["p0"], ["p5"]]}}
+    widths = {f: 512 if "Z" in f else 128 for f in forms if f.startswith("V")}
+    return m, widths

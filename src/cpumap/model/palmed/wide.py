@@ -7,12 +7,14 @@ unit is fused with port 0's for the 512-bit ones). On a Sapphire Rapids-class gu
 (2 per cycle). The full-profile model, fitted without knowing it, predicted held-out kernels
 mixing 512-bit and narrower vector forms 20 % too fast on average (38.6 % RMS; the other
 kernels 9.9 %), and the mixed kernels it measured spoilt its other uses (on a simulated core
-with the mode: 42 resources for 15 forms, 12 % RMS on kernels without a 512-bit form).
+with the mode: 42 resources for 15 forms, 9.7 % RMS on kernels without a 512-bit form).
 
 So the model gets a second set of uses, its *wide* uses, that predictions take in a kernel
 holding a 512-bit form (``ResourceModel.wide``), measured against the plain model's own
-resources with a *carrier*: the fastest 512-bit form, added once to kernels that hold no
-512-bit form of their own.
+resources with a *carrier*: the fastest register-only 512-bit form (a memory one adds a load
+to every kernel: on the Sapphire Rapids-class guest ``VMOVUPD zmm, m512`` as carrier left the
+mixed held-out kernels at 24 % RMS, ``VPADDQ zmm`` brought them to 12 %), added once to kernels
+that hold no 512-bit form of their own.
 
 1. **Probe** (``probe``, right after the singletons): each narrow vector form among the pair
    candidates beside the carrier, the form ``CARRIER_SHARE`` times the carrier's time
@@ -30,9 +32,10 @@ resources with a *carrier*: the fastest 512-bit form, added once to kernels that
    kernels (``forms._fit_forms``), each mix held to its saturated resource (``hold``). The
    other forms keep their plain uses of the resources no vector form saturates.
 
-Exact on the simulated core of ``tests/test_palmed.py`` up to the carrier's share (0.2 % RMS
-on mixed kernels, 1.3 % at most: the mode singletons hold one carrier); at 2 % noise 6 %
-RMS on mixed kernels, 19 % without the stage. Approximate where the mode's port groups have
+Exact on the simulated core of ``portmap.wide_mode_mapping`` up to the carrier's share
+(mixed kernels 0.06 % RMS relative IPC error, 1.3 % at most: the mode singletons hold one
+carrier; 24 % without the stage); at 2 % noise 5.7 % RMS on mixed kernels, 19 % without the
+stage (``benchmarks/palmed_sim.py --wide``). Approximate where the mode's port groups have
 no resource of their own among the plain model's.
 """
 
