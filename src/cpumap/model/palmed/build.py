@@ -352,6 +352,13 @@ class Build:
         if not self.wide_mode.get("observed"):
             return
         t0 = time.perf_counter()
+        # the kernels the plain stages kept apart for the mode are the wide stage's own (a
+        # mix of a narrow form with a 512-bit saturating kernel is the same kernel in both):
+        # no longer known as failed, so that the stage asks for them
+        mode = {k for k in self.avoided if not transition.mixes(parse_canonical(k), self.apart)}
+        self.avoided = [k for k in self.avoided if k not in mode]
+        for k in mode:
+            self.meas.pop(k, None)
         st = _LPStats()
         index = {r: i for i, r in enumerate(model.resources)}
         rho = {f: {index[r]: v for r, v in u.items()} for f, u in model.rho.items()}

@@ -180,13 +180,27 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # two predicted half its time on a simulated machine with 2 % noise)
     fitted = _fit_forms(core, [*vector, *other], {**singletons, **t_mode}, meas, sat, {}, cfg,
                         lp_stats or _LPStats(), hold=True)
-    vset = set(vres)
-    for f in other:
-        fitted[f] = {r: v for r, v in fitted[f].items() if r in vset} | \
-            {r: v for r, v in rho.get(f, {}).items() if r not in vset}
+    # a form keeps its plain use of every resource it met in no measured mix beside the
+    # carrier: the resources no vector form saturates (for the other forms), and those whose
+    # saturating kernel may not meet the carrier (legacy SSE on a host with the SSE/AVX
+    # penalty; seen: VDIVPD ymm's divider use sat on such a resource and was lost, its
+    # kernels beside zmm forms predicted 3-5 x too fast)
+    for f in [*vector, *other]:
+        met = {r for r, (sk, t_sk) in enumerate(sat)
+               if _met(f, sk, t_sk, t_mode.get(f, singletons[f]), meas, cfg)}
+        fitted[f] = {r: v for r, v in fitted[f].items() if r in met} | \
+            {r: v for r, v in rho.get(f, {}).items() if r not in met}
     log(f"wide: wide uses of {len(vector)} vector forms ({len(narrow)} narrower, "
         f"{len(wide)} 512-bit) against {len(sat)} resources with carrier {z}, and of "
         f"{len(other)} other forms against the {len(vres)} a vector form saturates")
     return Step(need=[], result={f: {r: v for r, v in u.items() if v > 0}
                                  for f, u in fitted.items()})
 
+
+
+def _met(form: str, sk: Kernel, t_sk: float, t_form: float, meas: Measurements,
+         cfg: PalmedConfig) -> bool:
+    """Whether the form's balanced mix with ``sk`` (carrier included) and its base were
+    measured: the mode uses of that resource come from a measurement."""
+    base, k = mix(sk, t_sk, form, t_form, cfg.betas[0], cfg.max_kernel)
+    return _ok(meas, _text(base)) and _ok(meas, _text(k))
