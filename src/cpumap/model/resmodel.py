@@ -85,16 +85,16 @@ class ResourceModel:
         return frozenset(self.wide.get("trigger") or ())
 
     @property
-    def wide_rho(self) -> dict[str, dict[str, float]]:
-        return dict(self.wide.get("rho") or {})
+    def wide_rho(self) -> Mapping[str, dict[str, float]]:
+        return self.wide.get("rho") or {}
 
-    def uses_in(self, kernel: Mapping[str, int]) -> Mapping[str, Mapping[str, float]]:
-        """Each form's uses in this kernel: ``rho``, or in a kernel holding a ``wide.trigger``
-        form, ``wide.rho`` where it has the form."""
+    def uses_in(self, kernel: Mapping[str, int]) -> dict[str, Mapping[str, float]]:
+        """The uses of each form of this kernel: ``rho``, or in a kernel holding a
+        ``wide.trigger`` form, ``wide.rho`` where it has the form (KeyError for a form the
+        model lacks). Only the kernel's forms: ``predict`` calls it for every kernel."""
         trigger = self.wide_trigger
-        if trigger and any(f in trigger for f in kernel):
-            return {**self.rho, **self.wide_rho}
-        return self.rho
+        wide = self.wide_rho if trigger and any(f in trigger for f in kernel) else {}
+        return {f: wide[f] if f in wide else self.rho[f] for f in kernel}
 
     @property
     def forms(self) -> list[str]:

@@ -179,10 +179,11 @@ class Build:
         vector lengths, for the wide probe (``palmed.wide``), run here, with a carrier among
         ``carriers`` (None: any 512-bit form)."""
         t0 = time.perf_counter()
-        b = cls(config=config or PalmedConfig(), forms=sorted(set(forms)),
-                apart={f: fam for f, fam in sorted((apart or {}).items()) if f in set(forms)},
+        known = set(forms)
+        b = cls(config=config or PalmedConfig(), forms=sorted(known),
+                apart={f: fam for f, fam in sorted((apart or {}).items()) if f in known},
                 widths={f: int(w) for f, w in sorted((widths or {}).items())
-                        if f in set(forms) and w})
+                        if f in known and w})
         b.run("singletons", singleton_kernels(b.forms), measure, log)
         ok = [f for f in b.forms if math.isfinite(b.meas[_text({f: 1})])]
         b.dropped = [f for f in b.forms if f not in ok]

@@ -136,12 +136,12 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     """Stage 8: the wide uses of the vector forms, on a host where ``probe`` saw the mode.
 
     ``rho`` is the plain model (form -> resource index -> use), ``saturating`` its saturating
-    kernels with their times, in resource order, ``z`` the carrier. The vector forms' wide
-    uses come from Palmed's per-form LPs (``forms._fit_forms``) over the kernels measured in
-    the mode only (mode singletons, ``SK^s + Z`` and its mixes), the other forms' uses fixed
-    at their plain ones (a general-purpose form runs the same beside a 512-bit one). Returns
-    a Step whose ``need`` lists kernels to measure, or ``done`` with ``result`` = form ->
-    resource index -> wide use.
+    kernels with their times, in resource order, ``z`` the carrier. The wide uses come from
+    Palmed's per-form LPs (``forms._fit_forms``) over the kernels measured in the mode only
+    (mode singletons, ``SK^s + Z`` and its mixes): the vector forms' against every resource,
+    the other forms' against those a vector form saturates; every form keeps its plain use
+    of a resource it met in no such mix. Returns a Step whose ``need`` lists kernels to
+    measure, or ``done`` with ``result`` = form -> resource index -> wide use.
     """
     cfg = config or PalmedConfig()
     wide, narrow = split(forms, widths)
@@ -195,7 +195,6 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
         f"{len(other)} other forms against the {len(vres)} a vector form saturates")
     return Step(need=[], result={f: {r: v for r, v in u.items() if v > 0}
                                  for f, u in fitted.items()})
-
 
 
 def _met(form: str, sk: Kernel, t_sk: float, t_form: float, meas: Measurements,
