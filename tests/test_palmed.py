@@ -407,6 +407,18 @@ def _kinds(kernels: list[dict[str, int]], widths: dict[str, int]) -> dict[str, l
     return out
 
 
+def _built_asked(sim: SimulatedMachine, widths: dict[str, int], cfg: palmed.PalmedConfig
+                 ) -> tuple[resmodel.ResourceModel, dict, dict[str, list[str]]]:
+    """``build_model``, stage by stage, with the kernels each stage asked for."""
+    b = Build.start(sim.forms, sim.measure, cfg, widths=widths)
+    b.pairs(sim.measure)
+    b.classes()
+    b.core_mapping(sim.measure)
+    b.mapping(sim.measure)
+    model, stats = b.remaining(sim.measure)
+    return model, stats, b.asked
+
+
 def test_wide_mode_gets_uses_of_its_own(tmp_path) -> None:
     """On a core whose narrow vector forms leave port 1 beside a 512-bit form, with the
     vector lengths, the probe sees the mode, the plain stages keep the two kinds apart and
@@ -423,7 +435,7 @@ def test_wide_mode_gets_uses_of_its_own(tmp_path) -> None:
     def err(model: resmodel.ResourceModel, kernels: list) -> np.ndarray:
         return np.array([resmodel.predict(model, k)[0] / sim.exact(k) - 1 for k in kernels])
 
-    model, stats = build_model(sim.forms, sim.measure, config=cfg, widths=widths)
+    model, stats, asked = _built_asked(sim, widths, cfg)
     record = stats["wide"]
     assert record["observed"] and record["carrier"] == "VADDZ"
     # VADDX, VSHUFX, VFMAX alone run slower without p1; VLOADX never used it, VADDXM and
@@ -460,8 +472,43 @@ def test_wide_mode_gets_uses_of_its_own(tmp_path) -> None:
     assert a.read_bytes() == b.read_bytes()
     # no plain-stage kernel mixes the two kinds
     assert not any({128, 512} <= {widths.get(f, 0) for f in parse_canonical(t)}
-                   for stage in ("pairs", "core", "mapping", "refine")
-                   for t in stats.get("asked", {}).get(stage, []))
+                   for stage in ("pairs", "core", "saturating", "mapping", "refine")
+                   for t in asked.get(stage, []))
+    assert any({128, 512} <= {widths.get(f, 0) for f in parse_canonical(t)}
+               for t in asked["wide"])
+
+
+def test_wide_stage_measures_class_representatives_only() -> None:
+    """VSUBX behaves as VADDX everywhere, VORX as VADDX outside the mode only (beside a
+    512-bit form it keeps port 5 alone), VSUBZ as VADDZ: the plain classes join each pair,
+    the wide stage measures its mixes for the representatives only and checks each narrow
+    member by its mode singleton, which splits VORX off (measured and fitted on its own).
+    Every kernel stays exact up to the carrier's share."""
+    m, widths = wide_mode_mapping()
+    m["assignment"] |= {"VSUBX": [["p0", "p1", "p5"]], "VORX": [["p0", "p1", "p5"]],
+                        "VSUBZ": [["p0", "p5"]]}
+    m["arch"]["insns"] = sorted(m["assignment"])
+    m["wide"]["forms"].append("VSUBZ")
+    m["wide"]["assignment"] |= {"VSUBX": [["p0", "p5"]], "VORX": [["p5"]]}
+    widths |= {"VSUBX": 128, "VORX": 128, "VSUBZ": 512}
+    sim = SimulatedMachine(mapping=m)
+    model, _, asked = _built_asked(sim, widths, palmed.PalmedConfig(tol=1e-6))
+    classes = model.provenance["behaviour_classes"]
+    assert classes["VADDX"] == ["VADDX", "VORX", "VSUBX"]
+    assert classes["VADDZ"] == ["VADDZ", "VSUBZ"]
+    wide_kernels = [parse_canonical(t) for t in asked["wide"]]
+    beside_sk = [k for k in wide_kernels if len(k) > 2]
+    assert any("VORX" in k for k in beside_sk) and any("VADDX" in k for k in beside_sk)
+    assert not any("VSUBX" in k or "VSUBZ" in k for k in beside_sk)
+    assert any(set(k) == {"VSUBX", "VADDZ"} for k in wide_kernels)
+    assert model.wide["rho"]["VSUBX"] == model.wide["rho"]["VADDX"]
+    assert model.wide["rho"]["VORX"] != model.wide["rho"]["VADDX"]
+    kinds = _kinds(held_out(sim.forms, 600, seed=5), widths)
+    assert np.abs([resmodel.predict(model, k)[0] / sim.exact(k) - 1
+                   for k in kinds["plain"]]).max() < 1e-5
+    for kind in ("mixed", "wide"):
+        assert np.abs([resmodel.predict(model, k)[0] / sim.exact(k) - 1
+                       for k in kinds[kind]]).max() < 0.02, kind
 
 
 def test_no_wide_mode_no_wide_uses() -> None:

@@ -370,8 +370,9 @@ class Build:
                       for t in texts for sk in [parse_canonical(t)]]
         while True:
             step = fit_wide(self.forms, self.widths, self.singletons, rho, saturating,
-                            self.meas, self.wide_mode["carrier"], config=self.config,
-                            log=log, lp_stats=st)
+                            self.meas, self.wide_mode["carrier"],
+                            classes=model.provenance.get("behaviour_classes"),
+                            config=self.config, log=log, lp_stats=st)
             if step.done:
                 break
             self.run("wide", step.need, measure, log)

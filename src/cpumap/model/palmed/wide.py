@@ -131,7 +131,8 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
 def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
              rho: Mapping[str, Mapping[int, float]],
              saturating: Sequence[tuple[Mapping[str, int], float]], meas: Measurements,
-             z: str, *, config: PalmedConfig | None = None, log: Log = _nolog,
+             z: str, *, classes: Mapping[str, Sequence[str]] | None = None,
+             config: PalmedConfig | None = None, log: Log = _nolog,
              lp_stats: _LPStats | None = None) -> Step:
     """Stage 8: the wide uses of the vector forms, on a host where ``probe`` saw the mode.
 
@@ -140,8 +141,11 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     Palmed's per-form LPs (``forms._fit_forms``) over the kernels measured in the mode only
     (mode singletons, ``SK^s + Z`` and its mixes): the vector forms' against every resource,
     the other forms' against those a vector form saturates; every form keeps its plain use
-    of a resource it met in no such mix. Returns a Step whose ``need`` lists kernels to
-    measure, or ``done`` with ``result`` = form -> resource index -> wide use.
+    of a resource it met in no such mix. ``classes`` (representative -> members: the plain
+    model's behaviour classes) spare the mixes and LPs of members: only representatives
+    (``_wide_reps``) meet the saturating kernels, and members take their wide uses. Returns a
+    Step whose ``need`` lists kernels to measure, or ``done`` with ``result`` = form ->
+    resource index -> wide use.
     """
     cfg = config or PalmedConfig()
     wide, narrow = split(forms, widths)
@@ -156,6 +160,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
         if _ok(meas, _text(k)):
             t_mode[f] = meas[_text(k)] / k[f]
     vector = sorted(t_mode)
+    rep_of = _wide_reps(classes or {}, widths, t_mode, cfg.tol)
     wide_set = set(wide)
     sat = [(_with_carrier(sk, wide_set, z),
             t + (0.0 if any(f in wide_set for f in sk) else singletons[z]))
@@ -167,9 +172,11 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # (a narrow form whose mode singleton failed, e.g. legacy SSE kept apart from the
     # carrier's AVX family, keeps its plain uses everywhere)
     other = sorted(f for f in forms if not widths.get(f, 0))
-    need = sorted(set(select_mapping_kernels(sat, vector, t_mode, meas, cfg))
-                  | set(select_mapping_kernels([sat[r] for r in vres], other, singletons,
-                                               meas, cfg)))
+    reps = [f for f in vector if rep_of.get(f, f) == f]
+    other_reps = [f for f in other if rep_of.get(f, f) == f]
+    need = sorted(set(select_mapping_kernels(sat, reps, t_mode, meas, cfg))
+                  | set(select_mapping_kernels([sat[r] for r in vres], other_reps,
+                                               singletons, meas, cfg)))
     if need:
         return Step(need=need)
     start = {f: dict(u) for f, u in rho.items()}
@@ -178,23 +185,60 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # LPs traded uses between resources that the mode makes alike (VADDPD zmm's use of the
     # p05-like resource moved to another one, which VADDPD xmm did not use: a kernel of the
     # two predicted half its time on a simulated machine with 2 % noise)
-    fitted = _fit_forms(core, [*vector, *other], {**singletons, **t_mode}, meas, sat, {}, cfg,
-                        lp_stats or _LPStats(), hold=True)
+    fitted = _fit_forms(core, [*reps, *other_reps], {**singletons, **t_mode}, meas, sat, {},
+                        cfg, lp_stats or _LPStats(), hold=True)
     # a form keeps its plain use of every resource it met in no measured mix beside the
     # carrier: the resources no vector form saturates (for the other forms), and those whose
     # saturating kernel may not meet the carrier (legacy SSE on a host with the SSE/AVX
     # penalty; seen: VDIVPD ymm's divider use sat on such a resource and was lost, its
     # kernels beside zmm forms predicted 3-5 x too fast)
-    for f in [*vector, *other]:
-        met = {r for r, (sk, t_sk) in enumerate(sat)
+    met = {f: {r for r, (sk, t_sk) in enumerate(sat)
                if _met(f, sk, t_sk, t_mode.get(f, singletons[f]), meas, cfg)}
-        fitted[f] = {r: v for r, v in fitted[f].items() if r in met} | \
-            {r: v for r, v in rho.get(f, {}).items() if r not in met}
+           for f in [*reps, *other_reps]}
+    # a member takes its representative's wide uses of the resources the representative met,
+    # per unit of its time in the mode (``fit_remaining`` scales the plain uses alike)
+    t_of = {**singletons, **t_mode}
+    for f in [*vector, *other]:
+        rep = rep_of.get(f, f)
+        fitted[f] = {r: v * t_of[f] / t_of[rep] for r, v in fitted[rep].items()
+                     if r in met[rep]} | \
+            {r: v for r, v in rho.get(f, {}).items() if r not in met[rep]}
     log(f"wide: wide uses of {len(vector)} vector forms ({len(narrow)} narrower, "
-        f"{len(wide)} 512-bit) against {len(sat)} resources with carrier {z}, and of "
-        f"{len(other)} other forms against the {len(vres)} a vector form saturates")
+        f"{len(wide)} 512-bit; {len(reps)} representatives) against {len(sat)} resources "
+        f"with carrier {z}, and of {len(other)} other forms ({len(other_reps)} "
+        f"representatives) against the {len(vres)} a vector form saturates")
     return Step(need=[], result={f: {r: v for r, v in u.items() if v > 0}
                                  for f, u in fitted.items()})
+
+
+def _wide_reps(classes: Mapping[str, Sequence[str]], widths: Mapping[str, int],
+               t_mode: Mapping[str, float], tol: float) -> dict[str, str]:
+    """form -> its representative in the wide stage: within a plain behaviour class, the
+    first form (by name) of each vector length; a narrower vector form only if its mode
+    singleton (its verification kernel) took its representative's time within ``tol``, else
+    itself.
+
+    Why: forms alike against every saturating kernel outside the mode are most often alike
+    in it (the same μops on the same ports), and the wide stage measured every vector form
+    against every resource (about 35 kernels a form on the Sapphire Rapids-class guest). A
+    512-bit form's plain class was measured in the mode already (its mixes with 512-bit
+    saturating kernels), and a form of another length is never in its class (the mixes kept
+    apart for the mode fail for one and not the other)."""
+    rep_of: dict[str, str] = {}
+    t_tol = max(tol, 1e-9)
+    for members in classes.values():
+        heads: dict[int, str] = {}
+        for f in sorted(members):
+            w = widths.get(f, 0)
+            head = heads.setdefault(w, f)
+            if head == f:
+                continue
+            narrow = 0 < w < WIDE_BITS
+            if narrow and not (f in t_mode and head in t_mode and abs(
+                    t_mode[f] - t_mode[head]) <= t_tol * min(t_mode[f], t_mode[head])):
+                continue
+            rep_of[f] = head
+    return rep_of
 
 
 def _met(form: str, sk: Kernel, t_sk: float, t_form: float, meas: Measurements,
