@@ -329,6 +329,32 @@ def test_behaviour_classes_group_alike_forms_only() -> None:
     assert got.of("Y") == "Y"
 
 
+def test_behaviour_classes_compare_per_unit_of_singleton_time() -> None:
+    """P and Q spend half their time on S's resource; their singletons (0.4001, 0.3999) sit
+    on either side of a rounding step, so their balanced mixes hold 2 and 3 copies: Q still
+    joins P, and its uses are P's scaled by their singletons. R rises by the same per copy as
+    P but takes the whole time of its singleton on S (a different use): alone. A mix both
+    K and L failed (kept apart, as a family's are) joins them in a class of that key; P,
+    with that mix measured, is not in it."""
+    from cpumap.model.palmed.classes import behaviour_classes
+    cfg = palmed.PalmedConfig(tol=0.01, betas=(1.0,))
+    sks = [({"S": 4}, 1.0), ({"T": 4}, 1.0)]
+    singletons = {"P": 0.4001, "Q": 0.3999, "R": 0.4001, "K": 0.4001, "L": 0.4001}
+    share = {"P": (0.5, 0.0), "Q": (0.5, 0.0), "R": (1.0, 0.0), "K": (0.5, None),
+             "L": (0.5, None)}
+    meas = {"S*4": 1.0, "T*4": 1.0}
+    for f, t in singletons.items():
+        meas[canonical({f: 1})] = t
+        for (sk, t_sk), use in zip(sks, share[f], strict=True):
+            base, k = palmed.mix(sk, t_sk, f, t, 1.0)
+            n = k[f]
+            meas[canonical(k)] = float("nan") if use is None else 1.0 + n * t * use
+    assert palmed.mix(*sks[0], "P", 0.4001, 1.0)[1]["P"] == 2
+    assert palmed.mix(*sks[0], "Q", 0.3999, 1.0)[1]["Q"] == 3
+    got = behaviour_classes(sorted(singletons), [], sks, singletons, meas, cfg)
+    assert got.members == {"K": ["K", "L"], "P": ["P", "Q"], "R": ["R"]}
+
+
 def test_behaviour_class_members_behave_like_their_representative(built, machine) -> None:
     """On the exact machine: forms were grouped (fewer LPs and refinement kernels) and each
     member runs exactly like its representative beside every other form."""

@@ -4,7 +4,7 @@ Why: a whole instruction set holds thousands of forms but far fewer behaviours (
 VSUBPD, VMAXPD on one register width; the integer ALU's reg-reg forms...), and stage 7's cost
 was every form against every resource the refinement adds, at every proportion, and an LP per
 form in every fitting pass. Forms whose singleton and whose mixes with each saturating kernel
-measured alike (``_alike``: a member's mixes are its representative's, per unit of singleton
+measured alike (``_Reps.alike``: a member's mixes are its representative's, per unit of singleton
 time, within half of ``tol``) are one *behaviour class*: every form still meets every
 resource the refinement adds at the lightest proportion (its use of that resource: what
 tells forms apart that the core's resources could not, such as a μop on three ALU ports
@@ -113,28 +113,46 @@ def _behaviour(form: str, saturating: Sequence[tuple[Mapping[str, int], float]],
     return _Behaviour(singletons[form], m, mb, n, (tuple(present), tuple(failed)))
 
 
-def _alike(f: _Behaviour, reps: Sequence[_Behaviour], tol: float, outliers: int) -> int:
-    """Index of the first of ``reps`` whose behaviour predicts ``f``'s, or -1.
+class _Reps:
+    """The representatives of one key, their singletons, mixes and rises per unit of
+    singleton time stacked (grown by doubling: every form of the key is compared with all of
+    them)."""
 
-    A representative predicts a mix of f from its own rise over its SK^s, per unit of its
-    singleton time: M(SK^s + f^n) ~ M(SK^s) + n t(f) (M_r - Mb_r) / (n_r t(r)). That is
-    exact for forms of the same uses wherever the saturated resource stays the bottleneck,
-    and does not ask both forms to have the same instance counts (forms of nearly the same
-    singleton time get n and n + 1 instances in a mix)."""
-    if not reps:
-        return -1
-    t = np.array([r.t for r in reps])
-    m = np.stack([r.m for r in reps])
-    rise = (m - np.stack([r.mb for r in reps])) / (np.stack([r.n for r in reps]) * t[:, None, None])
-    # where either base SK^s was not measured, the representative's mix itself
-    pred = np.where(np.isnan(rise) | np.isnan(f.mb), m, f.mb + f.n * f.t * rise)
-    dev = np.abs(f.m - pred) / f.m
-    dev = np.where(np.isnan(dev), 0.0, dev).reshape(len(reps), -1)
-    ok = (np.abs(t - f.t) <= tol * np.minimum(t, f.t)) \
-        & (np.count_nonzero(dev > tol, axis=1) <= outliers) \
-        & np.all(dev <= (OUTLIER_TOLS * tol if outliers else tol), axis=1)
-    hit = np.flatnonzero(ok)
-    return int(hit[0]) if hit.size else -1
+    def __init__(self, shape: tuple[int, int]) -> None:
+        self.names: list[str] = []
+        self.t = np.empty(8)
+        self.m = np.empty((8, *shape))
+        self.rise = np.empty((8, *shape))
+
+    def add(self, name: str, b: _Behaviour) -> None:
+        i = len(self.names)
+        if i == len(self.t):
+            self.t, self.m, self.rise = (np.concatenate([a, np.empty_like(a)])
+                                         for a in (self.t, self.m, self.rise))
+        self.names.append(name)
+        self.t[i], self.m[i], self.rise[i] = b.t, b.m, (b.m - b.mb) / (b.n * b.t)
+
+    def alike(self, f: _Behaviour, tol: float, outliers: int) -> str | None:
+        """The first representative whose behaviour predicts ``f``'s, or None.
+
+        A representative predicts a mix of f from its own rise over its SK^s, per unit of
+        its singleton time: M(SK^s + f^n) ~ M(SK^s) + n t(f) (M_r - Mb_r) / (n_r t(r)). That
+        is exact for forms of the same uses wherever the saturated resource stays the
+        bottleneck, and does not ask both forms to have the same instance counts (forms of
+        nearly the same singleton time get n and n + 1 instances in a mix)."""
+        k = len(self.names)
+        if not k:
+            return None
+        t, m, rise = self.t[:k], self.m[:k], self.rise[:k]
+        # where either base SK^s was not measured, the representative's mix itself
+        pred = np.where(np.isnan(rise) | np.isnan(f.mb), m, f.mb + f.n * f.t * rise)
+        dev = np.abs(f.m - pred) / f.m
+        dev = np.where(np.isnan(dev), 0.0, dev).reshape(k, -1)
+        ok = (np.abs(t - f.t) <= tol * np.minimum(t, f.t)) \
+            & (np.count_nonzero(dev > tol, axis=1) <= outliers) \
+            & np.all(dev <= (OUTLIER_TOLS * tol if outliers else tol), axis=1)
+        hit = np.flatnonzero(ok)
+        return self.names[int(hit[0])] if hit.size else None
 
 
 def behaviour_classes(forms: Sequence[str], fixed: Sequence[str],
@@ -146,27 +164,26 @@ def behaviour_classes(forms: Sequence[str], fixed: Sequence[str],
     refinement's). Greedy, in order, the ``fixed`` forms (basic instructions: their uses come
     from the core) first and always representatives; a form joins the first representative
     of the same key that predicts its singleton and its mixes within ``CLASS_TOL`` tol
-    (``_alike``; noisy measurements: all but ``NOISY_OUTLIERS`` of them)."""
+    (``_Reps.alike``; noisy measurements: all but ``NOISY_OUTLIERS`` of them)."""
     full = len(saturating) if full is None else full
     tol = max(cfg.tol * CLASS_TOL, 1e-9)
     outliers = NOISY_OUTLIERS if cfg.tol >= NOISY_TOL else 0
     fixed_set = set(fixed)
     order = [f for f in fixed if f in set(forms)] + sorted(set(forms) - fixed_set)
-    by_key: dict[tuple, tuple[list[str], list[_Behaviour]]] = {}
+    by_key: dict[tuple, _Reps] = {}
     rep_of: dict[str, str] = {}
     members: dict[str, list[str]] = {}
     for f in order:
         beh = _behaviour(f, saturating, singletons, meas, cfg, full)
-        reps, behs = by_key.setdefault(beh.key, ([], []))
-        hit = -1 if f in fixed_set else _alike(beh, behs, tol, outliers)
-        if hit < 0:
-            reps.append(f)
-            behs.append(beh)
+        reps = by_key.setdefault(beh.key, _Reps(beh.m.shape))
+        hit = None if f in fixed_set else reps.alike(beh, tol, outliers)
+        if hit is None:
+            reps.add(f, beh)
             rep_of[f] = f
             members[f] = [f]
         else:
-            rep_of[f] = reps[hit]
-            members[reps[hit]].append(f)
+            rep_of[f] = hit
+            members[hit].append(f)
     return Classes(rep_of, members)
 
 
