@@ -89,8 +89,8 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     # hold forms whose singletons differ by up to tol, and a member given its
     # representative's uses unscaled missed its own singleton by that much (a simulated
     # 10-port/300-form machine at 2 % noise: 4.7 % RMS held-out error against 3.5 %)
-    rho = {f: {r: v * singletons[f] / singletons[behaviour.of(f)]
-               for r, v in rho.get(behaviour.of(f), {}).items()} for f in forms}
+    rho = {f: {r: v * singletons[f] / singletons[rep] for r, v in rho.get(rep, {}).items()}
+           for f, rep in ((f, behaviour.of(f)) for f in forms)}
     log(f"classes: {len(behaviour.members)} behaviour classes of {len(forms)} forms")
     return Step(need=[], result=(rho, defining, saturating_out,
                                  {r: m for r, m in behaviour.members.items() if len(m) > 1}),

@@ -185,19 +185,18 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # LPs traded uses between resources that the mode makes alike (VADDPD zmm's use of the
     # p05-like resource moved to another one, which VADDPD xmm did not use: a kernel of the
     # two predicted half its time on a simulated machine with 2 % noise)
-    fitted = _fit_forms(core, [*reps, *other_reps], {**singletons, **t_mode}, meas, sat, {},
-                        cfg, lp_stats or _LPStats(), hold=True)
+    t_of = {**singletons, **t_mode}
+    fitted = _fit_forms(core, [*reps, *other_reps], t_of, meas, sat, {}, cfg,
+                        lp_stats or _LPStats(), hold=True)
     # a form keeps its plain use of every resource it met in no measured mix beside the
     # carrier: the resources no vector form saturates (for the other forms), and those whose
     # saturating kernel may not meet the carrier (legacy SSE on a host with the SSE/AVX
     # penalty; seen: VDIVPD ymm's divider use sat on such a resource and was lost, its
     # kernels beside zmm forms predicted 3-5 x too fast)
-    met = {f: {r for r, (sk, t_sk) in enumerate(sat)
-               if _met(f, sk, t_sk, t_mode.get(f, singletons[f]), meas, cfg)}
+    met = {f: {r for r, (sk, t_sk) in enumerate(sat) if _met(f, sk, t_sk, t_of[f], meas, cfg)}
            for f in [*reps, *other_reps]}
     # a member takes its representative's wide uses of the resources the representative met,
     # per unit of its time in the mode (``fit_remaining`` scales the plain uses alike)
-    t_of = {**singletons, **t_mode}
     for f in [*vector, *other]:
         rep = rep_of.get(f, f)
         fitted[f] = {r: v * t_of[f] / t_of[rep] for r, v in fitted[rep].items()
