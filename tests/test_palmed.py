@@ -226,6 +226,46 @@ def test_interacting_pair_stays_out_of_the_model(tmp_path) -> None:
     assert rms < 1e-3 and tau > 0.95
 
 
+def test_layout_sensitive_form_is_approximate_and_defines_nothing(tmp_path) -> None:
+    """A form whose time a copy depends on how many copies a kernel instance holds (a
+    length-changing prefix on Intel: the legacy decoders or the μop cache, as the loop's
+    layout falls) is found by its probes alone, never a pair candidate nor part of a
+    resource's defining kernel, modelled approximately with its measured times, and leaves
+    every other form exact; a form whose singleton alone was slow (a neighbour's burst) is
+    not taken for one."""
+    path = tmp_path / "synthetic-6p-40f.json"
+    path.write_text(json.dumps(synthetic_mapping(6, 40, seed=1)))
+    sim = SimulatedMachine(path)
+    x, slow_once = sim.forms[7], sim.forms[11]
+
+    def measure(kernels: list[str]) -> list[float]:
+        out = []
+        for text, v in zip(kernels, sim.measure(kernels), strict=True):
+            k = parse_canonical(text)
+            if x in k:  # 1.5, 3, 1, 1.5, 2.5 x its time at 1, 24, 40, 56, 88 copies
+                v += k[x] * sim.exact({x: 1}) * (k[x] % 5) / 2
+            if k == {slow_once: 1}:
+                v *= 1.6
+            out.append(v)
+        return out
+
+    lines: list[str] = []
+    b = Build.start(sim.forms, measure, palmed.PalmedConfig(tol=1e-6), log=lines.append)
+    assert set(b.layout) == {x}
+    assert b.layout[x] == pytest.approx({c: sim.exact({x: 1}) * (1 + c % 5 / 2)
+                                         for c in (1, 24, 40, 56, 88)})
+    assert x not in b.candidates and slow_once in b.candidates
+    assert b.counts["layout"] == 2 * len(sim.forms) + 2 * 2
+    model, _ = build_model(sim.forms, measure, config=palmed.PalmedConfig(tol=1e-6))
+    assert list(model.provenance["layout_sensitive"]) == [x]
+    assert "code layout" in model.approximate[x]
+    assert not any(x in parse_canonical(r["defining"])
+                   for r in model.provenance["resources"].values())
+    others = [k for k in held_out(sim.forms, 500, seed=3) if x not in k and slow_once not in k]
+    rms, tau = accuracy(model, sim, others)
+    assert rms < 1e-3 and tau > 0.95
+
+
 def test_serialising_form_adds_its_time_to_every_kernel(tmp_path) -> None:
     """A fence-like form S overlaps with nothing: a kernel holding it takes S's own time plus
     the rest's, plus a drain of the others' work before each S (LFENCE's shape on hardware:

@@ -397,6 +397,11 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f" sized by their measured cycles; LEAVE as its parts): "
              f"{len(stats.get('approximate', {}))} "
              f"{sorted(stats.get('approximate', {}))}",
+             f"- forms modelled approximately because their time depends on the code layout "
+             f"(measured alone at 1, 24, 56, 40 and 88 copies a kernel instance: "
+             f"`provenance.layout_sensitive`; no resource defined by them; predicted from the "
+             f"singleton, flagged): {len(stats.get('layout_sensitive', []))} "
+             f"{stats.get('layout_sensitive', [])}",
              f"- seconds of the Palmed jobs: {fmt_s(stats.get('wall_seconds', {}).get('total'))}"
              " (" + ", ".join(f"{k} {v:.2f}" for k, v in stats.get("job_seconds", {}).items())
              + "; batch measuring jobs not included)",

@@ -53,6 +53,7 @@ from cpumap.model.palmed.kernels import (
     select_pairs,
     singleton_kernels,
 )
+from cpumap.model.palmed.layout import layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
 from cpumap.model.palmed.wide import fit_wide, probe, split
@@ -65,7 +66,7 @@ Log = Callable[[str], None]
 
 #: Stages in order; ``Build.done`` lists those finished.
 STAGES = ("singletons", "pairs", "basic", "core", "mapping", "remaining")
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def _nolog(_: str) -> None:
@@ -107,6 +108,8 @@ class Build:
     #: the wide probe's record (``palmed.wide.probe``); where ``observed``, the plain stages
     #: keep 512-bit and narrower vector forms apart and the wide stage fits them together
     wide_mode: dict[str, Any] = field(default_factory=dict)
+    #: layout-sensitive forms (``palmed.layout``) -> cycles a copy alone at each count
+    layout: dict[str, dict[int, float]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ measuring
 
@@ -190,7 +193,16 @@ class Build:
         b.forms = ok
         if len(ok) < 2:
             raise RuntimeError(f"fewer than two forms measured ok (failed: {b.dropped})")
-        b.candidates = pair_candidates(b.singletons, b.config.max_pair_forms)
+        while True:
+            need, b.layout = layout_probe(b.forms, b.meas, b.config.tol)
+            if not need:
+                break
+            b.run("layout", need, measure, log)
+        if b.layout:
+            log(f"layout: {len(b.layout)} forms whose time depends on the code layout, "
+                f"approximate: {' '.join(sorted(b.layout))}")
+        b.candidates = pair_candidates({f: t for f, t in b.singletons.items()
+                                        if f not in b.layout}, b.config.max_pair_forms)
         if widths is not None:
             while True:
                 need, record = probe(b.forms, b.widths, b.singletons, b.meas, b.candidates,
@@ -291,7 +303,7 @@ class Build:
         while True:
             step = fit_remaining(self.core, self.forms, self.singletons, self.meas, state=state,
                                  classes=self.basic.classes, config=self.config, log=log,
-                                 lp_stats=st)
+                                 lp_stats=st, unsteady=set(self.layout))
             state = step.state
             if step.done:
                 break
@@ -321,6 +333,9 @@ class Build:
                               for i, (n, d, s) in enumerate(zip(names, defining, saturating,
                                                                 strict=True))},
                 "kernels": dict(self.counts),
+                "layout_sensitive": {f: {str(c): t for c, t in sorted(u.items())}
+                                     for f, u in sorted(self.layout.items())},
+                "approximate": {f: layout_note(u) for f, u in sorted(self.layout.items())},
                 # pairs slower together than in sequence: kernels holding one are outside
                 # what a resource model can predict (predictions for them are flagged)
                 "interacting": sorted(sorted(p) for p in interacting_pairs(
@@ -340,7 +355,8 @@ class Build:
                  "n_behaviour_reps": len(self.forms) - sum(len(m) - 1
                                                             for m in behaviour.values()),
                  # its size, and whether it ran (noisy measurements within the budget)
-                 "joint_refit": st.refit, "wide": model.provenance.get("wide")}
+                 "joint_refit": st.refit, "wide": model.provenance.get("wide"),
+                 "layout_sensitive": sorted(self.layout)}
         return model, stats
 
     def wide(self, model: ResourceModel, measure: Measure, log: Log = _nolog) -> None:
@@ -400,7 +416,9 @@ class Build:
                 "dropped": self.dropped, "candidates": self.candidates,
                 "basic": self.basic.as_dict() if self.basic else None, "core": core,
                 "info": self.info, "apart": self.apart, "avoided": self.avoided,
-                "widths": self.widths, "wide_mode": self.wide_mode}
+                "widths": self.widths, "wide_mode": self.wide_mode,
+                "layout": {f: {str(c): t for c, t in sorted(u.items())}
+                           for f, u in sorted(self.layout.items())}}
 
     def save(self, path: Path) -> None:
         write_json_atomic(self.as_dict(), path)
@@ -434,7 +452,9 @@ class Build:
                 candidates=list(d["candidates"]),
                 basic=Basic(**d["basic"]) if d["basic"] else None, core=core,
                 done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})),
-                widths=dict(d.get("widths", {})), wide_mode=dict(d.get("wide_mode", {})))
+                widths=dict(d["widths"]), wide_mode=dict(d["wide_mode"]),
+                layout={f: {int(c): float(t) for c, t in u.items()}
+                        for f, u in d["layout"].items()})
         kernels = [k for stage in d["asked"].values() for k in stage]
         if kernels:
             b._store(kernels, measure(kernels))

@@ -9,7 +9,7 @@ module that needs both, hence the last one before ``build``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.classes import behaviour_classes, substituted
@@ -42,7 +42,7 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
                   state: Sequence[tuple[Mapping[str, int], float, int, float]] = (),
                   classes: Mapping[str, Sequence[str]] | None = None,
                   config: PalmedConfig | None = None, log: Log = _nolog,
-                  lp_stats: _LPStats | None = None) -> Step:
+                  lp_stats: _LPStats | None = None, unsteady: Set[str] = frozenset()) -> Step:
     """Stage 7: the uses of every form, then refinement with the resources the core missed.
 
     ``state`` lists the refinement resources found so far as (defining kernel, construction
@@ -55,7 +55,8 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     Every form meets each refinement resource at the lightest proportion; only the
     representatives of the behaviour classes (``classes.behaviour_classes``, recomputed on
     every call as those mixes come in) get the lighter proportions and an LP of their own, and
-    the other members take their representative's uses.
+    the other members take their representative's uses. ``unsteady``: the layout-sensitive
+    forms (``palmed.layout``), fitted but never in a refinement round's candidates or checks.
     """
     cfg = config or PalmedConfig()
     forms = sorted(set(forms))
@@ -81,7 +82,7 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     behaviour = behaviour_classes(forms, core.basic, saturating, singletons, meas, cfg,
                                   full=core.n_resources)
     step = _fit_reps(core, behaviour.reps, singletons, substituted(meas, behaviour), state,
-                     classes, cfg, log, lp_stats or _LPStats())
+                     classes, cfg, log, lp_stats or _LPStats(), unsteady)
     if step.need:
         return step
     rho, defining, saturating_out = step.result
@@ -100,7 +101,7 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
 def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
               meas: Measurements, state: Sequence[tuple[Mapping[str, int], float, int, float]],
               classes: Mapping[str, Sequence[str]] | None, cfg: PalmedConfig, log: Log,
-              stats: _LPStats) -> Step:
+              stats: _LPStats, unsteady: Set[str] = frozenset()) -> Step:
     """``fit_remaining`` for forms that each stand for themselves (the representatives,
     sorted)."""
     # (defining kernel, construction time, round, misfit of singletons and pairs before the
@@ -121,7 +122,8 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 pair_index.setdefault(f, []).append(text)
     rep_of = {m: rep for rep, members in (classes or {}).items() for m in members}
     noisy = cfg.tol >= NOISY_TOL
-    known = set(forms)
+    # layout-sensitive forms define no resource and judge no round (``palmed.layout``)
+    known = set(forms) - set(unsteady)
     bad = interacting_pairs({f: singletons[f] for f in forms}, meas, cfg.tol, cfg.max_mult)
     # the fixed in-sample check of a refinement round: singletons and balanced pairs
     checks: list[tuple[Kernel, float]] = []

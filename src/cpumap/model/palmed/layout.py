@@ -1,0 +1,83 @@
+"""Forms whose throughput depends on the code's layout, not on the multiset of instructions.
+
+A resource model predicts a kernel from its multiset; the harness measures a multiset as a
+loop body of about ``unroll_size`` instructions whose length and alignment change with the
+forms' counts. For most forms that does not matter. For some it decides everything: on the
+Sapphire Rapids-class guest, ``SUB r16, imm16`` alone measured from 0.21 to 2.7 cycles a
+copy depending on how many copies a kernel instance held (a 16-bit immediate behind an
+operand-size prefix is a length-changing prefix: the legacy decoders stall on it, the μop
+cache does not, and which of them serves the loop depends on its size and alignment). Eight
+of the 24 core resources of that host's full profile were defined by such forms, and every
+other form measured against them got uses from noise.
+
+So every form is measured alone at a few counts besides its singleton (``LAYOUT_COUNTS``);
+where the time a copy spreads by more than ``LAYOUT_TOLS`` tol, at a second set of counts
+(``LAYOUT_CONFIRM``), which must spread as much among themselves and the first ones (so a
+singleton measured slow during a neighbour's burst does not condemn a form). Such forms are
+*layout-sensitive*: never pair candidates (so never basic instructions, never defining a
+resource), never in a refinement round's candidates, still fitted (their uses from the
+singleton), and modelled approximately (``provenance.approximate`` names each with its
+times), so that every prediction holding one is flagged and the held-out validation leaves
+them out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from cpumap.model.palmed.config import Measurements
+from cpumap.model.palmed.kernels import _text
+
+#: Instance counts a form is measured at alone besides 1 (the loop bodies differ in length:
+#: the generator unrolls ceil(unroll_size / count) instances).
+LAYOUT_COUNTS = (24, 56)
+#: Second counts, for the forms whose first ones spread.
+LAYOUT_CONFIRM = (40, 88)
+#: A form is layout-sensitive where its time a copy spreads by more than this many tol
+#: (max / min - 1), at both sets of counts.
+LAYOUT_TOLS = 5.0
+
+
+def _per_copy(form: str, counts: Sequence[int], meas: Measurements) -> dict[int, float]:
+    out = {}
+    for c in counts:
+        v = meas.get(_text({form: c}), math.nan)
+        if math.isfinite(v) and v > 0:
+            out[c] = v / c
+    return out
+
+
+def _spread(values: Sequence[float]) -> float:
+    return max(values) / min(values) - 1 if len(values) > 1 else 0.0
+
+
+def layout_probe(forms: Sequence[str], meas: Measurements, tol: float,
+                 ) -> tuple[list[str], dict[str, dict[int, float]]]:
+    """The probe kernels still to measure (measure them and ask again), else none and the
+    layout-sensitive forms with their cycles a copy at each count (1 included)."""
+    limit = LAYOUT_TOLS * max(tol, 1e-9)
+    need = [_text({f: c}) for f in forms for c in LAYOUT_COUNTS
+            if _text({f: c}) not in meas]
+    if need:
+        return need, {}
+    suspects = [f for f in forms
+                if _spread(list(_per_copy(f, (1, *LAYOUT_COUNTS), meas).values())) > limit]
+    need = [_text({f: c}) for f in suspects for c in LAYOUT_CONFIRM
+            if _text({f: c}) not in meas]
+    if need:
+        return need, {}
+    found = {}
+    for f in suspects:
+        later = _per_copy(f, (*LAYOUT_COUNTS, *LAYOUT_CONFIRM), meas)
+        if _spread(list(later.values())) > limit:
+            found[f] = _per_copy(f, (1, *LAYOUT_COUNTS, *LAYOUT_CONFIRM), meas)
+    return [], found
+
+
+def layout_note(times: Mapping[int, float]) -> str:
+    """Why a layout-sensitive form is approximate, with its measured times."""
+    shown = ", ".join(f"{c}: {t:.3g}" for c, t in sorted(times.items()))
+    return ("throughput depends on the code layout, not on the instruction counts "
+            f"(alone, cycles a copy at <copies per instance>: {shown}); predicted from its "
+            "singleton")
