@@ -82,7 +82,13 @@ class ResourceModel:
 
     @property
     def wide_trigger(self) -> frozenset[str]:
-        return frozenset(self.wide.get("trigger") or ())
+        """The trigger forms as a set, built again only when ``wide`` gets a new list (975
+        forms on the full profile: ``predict`` asks for it on every kernel)."""
+        listed = self.wide.get("trigger") or ()
+        memo = self.__dict__.get("_trigger_memo")
+        if memo is None or memo[0] is not listed:
+            memo = self.__dict__["_trigger_memo"] = (listed, frozenset(listed))
+        return memo[1]
 
     @property
     def wide_rho(self) -> Mapping[str, dict[str, float]]:

@@ -333,8 +333,7 @@ class Build:
                               for i, (n, d, s) in enumerate(zip(names, defining, saturating,
                                                                 strict=True))},
                 "kernels": dict(self.counts),
-                "layout_sensitive": {f: {str(c): t for c, t in sorted(u.items())}
-                                     for f, u in sorted(self.layout.items())},
+                "layout_sensitive": _layout_json(self.layout),
                 "approximate": {f: layout_note(u) for f, u in sorted(self.layout.items())},
                 # pairs slower together than in sequence: kernels holding one are outside
                 # what a resource model can predict (predictions for them are flagged)
@@ -417,8 +416,7 @@ class Build:
                 "basic": self.basic.as_dict() if self.basic else None, "core": core,
                 "info": self.info, "apart": self.apart, "avoided": self.avoided,
                 "widths": self.widths, "wide_mode": self.wide_mode,
-                "layout": {f: {str(c): t for c, t in sorted(u.items())}
-                           for f, u in sorted(self.layout.items())}}
+                "layout": _layout_json(self.layout)}
 
     def save(self, path: Path) -> None:
         write_json_atomic(self.as_dict(), path)
@@ -453,13 +451,19 @@ class Build:
                 basic=Basic(**d["basic"]) if d["basic"] else None, core=core,
                 done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})),
                 widths=dict(d["widths"]), wide_mode=dict(d["wide_mode"]),
-                layout={f: {int(c): float(t) for c, t in u.items()}
-                        for f, u in d["layout"].items()})
+                layout={f: {int(c): math.nan if t is None else float(t)
+                            for c, t in u.items()} for f, u in d["layout"].items()})
         kernels = [k for stage in d["asked"].values() for k in stage]
         if kernels:
             b._store(kernels, measure(kernels))
         b._keep_apart(d.get("avoided", []))
         return b
+
+
+def _layout_json(layout: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str, Any]]:
+    """The layout probes' times for JSON: None where a probe could not be measured."""
+    return {f: {str(c): t if math.isfinite(t) else None for c, t in sorted(u.items())}
+            for f, u in sorted(layout.items())}
 
 
 def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig | None = None,

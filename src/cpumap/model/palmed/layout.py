@@ -11,9 +11,10 @@ of the 24 core resources of that host's full profile were defined by such forms,
 other form measured against them got uses from noise.
 
 So every form is measured alone at a few counts besides its singleton (``LAYOUT_COUNTS``);
-where the time a copy spreads by more than ``LAYOUT_TOLS`` tol, at a second set of counts
-(``LAYOUT_CONFIRM``), which must spread as much among themselves and the first ones (so a
-singleton measured slow during a neighbour's burst does not condemn a form). Such forms are
+where the time a copy spreads by more than ``LAYOUT_TOLS`` tol, or a probe could not be
+measured at all, at a second set of counts (``LAYOUT_CONFIRM``), which must spread as much
+among themselves and the first ones (so a singleton measured slow during a neighbour's burst
+does not condemn a form). Such forms are
 *layout-sensitive*: never pair candidates (so never basic instructions, never defining a
 resource), never in a refinement round's candidates, still fitted (their uses from the
 singleton), and modelled approximately (``provenance.approximate`` names each with its
@@ -40,15 +41,21 @@ LAYOUT_TOLS = 5.0
 
 
 def _per_copy(form: str, counts: Sequence[int], meas: Measurements) -> dict[int, float]:
+    """Cycles a copy at each count; NaN where the kernel could not be measured."""
     out = {}
     for c in counts:
         v = meas.get(_text({form: c}), math.nan)
-        if math.isfinite(v) and v > 0:
-            out[c] = v / c
+        out[c] = v / c if math.isfinite(v) and v > 0 else math.nan
     return out
 
 
 def _spread(values: Sequence[float]) -> float:
+    """max / min - 1; infinite where one could not be measured (the harness leaves out a
+    kernel whose repetitions disagree beyond its uncertainty limit: on the Sapphire
+    Rapids-class guest most length-changing-prefix probes, whose single repetitions ran from
+    negative to 100 x the singleton's time)."""
+    if any(not math.isfinite(v) for v in values):
+        return math.inf
     return max(values) / min(values) - 1 if len(values) > 1 else 0.0
 
 
@@ -69,15 +76,20 @@ def layout_probe(forms: Sequence[str], meas: Measurements, tol: float,
         return need, {}
     found = {}
     for f in suspects:
+        # the second counts: one not measurable, or a spread among every count but 1 (a
+        # first probe lost once to a neighbour's burst does not count against the form)
         later = _per_copy(f, (*LAYOUT_COUNTS, *LAYOUT_CONFIRM), meas)
-        if _spread(list(later.values())) > limit:
+        confirm = [later[c] for c in LAYOUT_CONFIRM]
+        if _spread(confirm) == math.inf or \
+                _spread([v for v in later.values() if math.isfinite(v)]) > limit:
             found[f] = _per_copy(f, (1, *LAYOUT_COUNTS, *LAYOUT_CONFIRM), meas)
     return [], found
 
 
 def layout_note(times: Mapping[int, float]) -> str:
     """Why a layout-sensitive form is approximate, with its measured times."""
-    shown = ", ".join(f"{c}: {t:.3g}" for c, t in sorted(times.items()))
+    shown = ", ".join(f"{c}: {t:.3g}" if math.isfinite(t) else f"{c}: not measurable"
+                      for c, t in sorted(times.items()))
     return ("throughput depends on the code layout, not on the instruction counts "
             f"(alone, cycles a copy at <copies per instance>: {shown}); predicted from its "
             "singleton")
