@@ -223,6 +223,8 @@ def test_written_analyzer_measures_the_blocks_own_code(catalogue_df, host, tmp_p
     assert res[only_branch.key].status == "ok" and res[only_branch.key].cycles == 0.0
     assert res[cpuid.key].status == "failed" and "form CPUID excluded" in res[cpuid.key].error
     assert m.measured_now == 1
+    # the measured batch's assembly and shared object are gone, its rows are in the DB
+    assert not [p for p in (tmp_path / "work").rglob("*") if p.is_file()]
     again = Measurer(host, catalogue_df, BenchSettings(), tmp_path / "db", tmp_path / "work")
     res2 = A.WrittenAnalyzer(again, catalogue_df).predict([chain])
     assert again.measured_now == 0 and res2[chain.key].cycles == res[chain.key].cycles

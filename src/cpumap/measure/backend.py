@@ -11,6 +11,7 @@ raw rows alone.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -339,5 +340,9 @@ class Measurer:
             batch_id = f"{batch_id}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"
             rows["batch_id"] = batch_id
         db.append(self.db_dir, rows, batch_id)
+        # the batch's assembly and shared object are rebuilt from the kernels' texts when
+        # needed: kept, they filled the disk (23 GB of model/work on the full profile at
+        # 2 h, about 290 MB a batch of 5,000); kept only where the batch failed
+        shutil.rmtree(self.workdir / batch_id, ignore_errors=True)
         self.measured_now += len(todo)
         return rows
