@@ -332,9 +332,9 @@ class Measurer:
         return its rows."""
         digest = hashlib.sha256("\n".join(todo).encode()).hexdigest()[:8]
         batch_id = f"{stage}-{digest}"
-        rows = batch_rows(todo, self.forms, self.machine, self.bench,
-                          self.workdir / batch_id, batch_id, harness_bin=self.harness_bin,
-                          sim=self.sim, progress=self.log)
+        workdir = self.workdir / batch_id
+        rows = batch_rows(todo, self.forms, self.machine, self.bench, workdir, batch_id,
+                          harness_bin=self.harness_bin, sim=self.sim, progress=self.log)
         if db.part_path(self.db_dir, batch_id).exists():
             # the same kernels measured before (an interrupted run, a repeat): keep both
             batch_id = f"{batch_id}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}"
@@ -342,7 +342,8 @@ class Measurer:
         db.append(self.db_dir, rows, batch_id)
         # the batch's assembly and shared object are rebuilt from the kernels' texts when
         # needed: kept, they filled the disk (23 GB of model/work on the full profile at
-        # 2 h, about 290 MB a batch of 5,000); kept only where the batch failed
-        shutil.rmtree(self.workdir / batch_id, ignore_errors=True)
+        # 2 h, about 290 MB a batch of 5,000); kept only where the batch failed. The
+        # directory the batch was built in: batch_id may have been renamed just above
+        shutil.rmtree(workdir, ignore_errors=True)
         self.measured_now += len(todo)
         return rows

@@ -12,9 +12,9 @@ other form measured against them got uses from noise.
 
 So every form is measured alone at a few counts besides its singleton (``LAYOUT_COUNTS``);
 where the time a copy spreads by more than ``LAYOUT_TOLS`` tol, or a probe could not be
-measured at all, at a second set of counts (``LAYOUT_CONFIRM``), which must spread as much
-among themselves and the first ones (so a singleton measured slow during a neighbour's burst
-does not condemn a form). Such forms are
+measured at all, at a second set of counts (``LAYOUT_CONFIRM``): one of those not measurable,
+or a spread as large over every count but 1, confirms it (so a singleton measured slow, or a
+first probe lost, during a neighbour's burst does not condemn a form). Such forms are
 *layout-sensitive*: never pair candidates (so never basic instructions, never defining a
 resource), never in a refinement round's candidates, still fitted (their uses from the
 singleton), and modelled approximately (``provenance.approximate`` names each with its
@@ -78,11 +78,10 @@ def layout_probe(forms: Sequence[str], meas: Measurements, tol: float,
     for f in suspects:
         # the second counts: one not measurable, or a spread among every count but 1 (a
         # first probe lost once to a neighbour's burst does not count against the form)
-        later = _per_copy(f, (*LAYOUT_COUNTS, *LAYOUT_CONFIRM), meas)
-        confirm = [later[c] for c in LAYOUT_CONFIRM]
-        if _spread(confirm) == math.inf or \
-                _spread([v for v in later.values() if math.isfinite(v)]) > limit:
-            found[f] = _per_copy(f, (1, *LAYOUT_COUNTS, *LAYOUT_CONFIRM), meas)
+        times = _per_copy(f, (1, *LAYOUT_COUNTS, *LAYOUT_CONFIRM), meas)
+        later = [t for c, t in times.items() if c != 1 and math.isfinite(t)]
+        if _spread([times[c] for c in LAYOUT_CONFIRM]) == math.inf or _spread(later) > limit:
+            found[f] = times
     return [], found
 
 
