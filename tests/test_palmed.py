@@ -599,3 +599,23 @@ def test_no_wide_mode_no_wide_uses() -> None:
     assert stats["wide"]["probes"] == 6 and stats["kernels"]["wide"] == 6
     kernels = held_out(sim.forms, 300, seed=3)
     assert max(abs(resmodel.predict(model, k)[0] / sim.exact(k) - 1) for k in kernels) < 1e-5
+
+
+def test_wide_stage_skips_lighter_mixes_that_rose_as_in_the_plain_model(monkeypatch) -> None:
+    """A balanced mix beside the carrier that rose as much a copy as the plain stages' mix of
+    the same form and saturating kernel settles that pair: the wide stage asks for none of
+    its lighter proportions and keeps the form's plain use. Without the screen the stage asks
+    for every kernel it asks for with it, and more; both models stay exact on the kernels
+    mixing 512-bit and narrower forms up to the carrier's share."""
+    m, widths = wide_mode_mapping()
+    sim = SimulatedMachine(mapping=m)
+    cfg = palmed.PalmedConfig(tol=1e-6)
+    mixed = _kinds(held_out(sim.forms, 600, seed=3), widths)["mixed"]
+    model, stats, asked = _built_asked(sim, widths, cfg)
+    monkeypatch.setattr(palmed.wide, "_as_plain", lambda *_a, **_k: False)
+    unscreened, stats_off, asked_off = _built_asked(sim, widths, cfg)
+    assert set(asked["wide"]) < set(asked_off["wide"])
+    assert stats["kernels"]["wide"] < stats_off["kernels"]["wide"]
+    for mdl in (model, unscreened):
+        e = np.array([resmodel.predict(mdl, k)[0] / sim.exact(k) - 1 for k in mixed])
+        assert np.abs(e).max() < 0.02

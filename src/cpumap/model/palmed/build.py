@@ -328,7 +328,7 @@ class Build:
                 # forms alike against every saturating kernel: one fitted, the others take
                 # its uses
                 "behaviour_classes": dict(sorted(behaviour.items())),
-                "resources": {n: {"defining": _text(d), "saturating": _text(s),
+                "resources": {n: {"defining": _text(d), "saturating": _text(s[0]),
                                   "stage": "core" if i < core.n_resources else "refine"}
                               for i, (n, d, s) in enumerate(zip(names, defining, saturating,
                                                                 strict=True))},
@@ -342,7 +342,7 @@ class Build:
                     self.config.tol, self.config.max_mult)),
                 **dict(provenance or {}),
             })
-        self.wide(model, measure, log)
+        self.wide(model, measure, [t for _, t in saturating], log)
         stats = {"kernels": dict(self.counts), "total_kernels": sum(self.counts.values()),
                  "measure_rounds": dict(self.calls), "n_forms": len(self.forms),
                  "failed_kernels": len(self.failed), "failed_singletons": self.dropped,
@@ -358,10 +358,12 @@ class Build:
                  "layout_sensitive": sorted(self.layout)}
         return model, stats
 
-    def wide(self, model: ResourceModel, measure: Measure, log: Log = _nolog) -> None:
+    def wide(self, model: ResourceModel, measure: Measure, t_plain: Sequence[float],
+             log: Log = _nolog) -> None:
         """Stage 8 (after ``remaining``, same job), where the probe saw the mode: the vector
         forms' uses beside a 512-bit form (``palmed.wide``), set in ``model.wide``; the
-        probe's record goes to the model's provenance either way."""
+        probe's record goes to the model's provenance either way. ``t_plain``: the saturating
+        kernels' construction times, which found the plain stages' mixes."""
         if not self.wide_mode:
             return
         model.provenance["wide"] = dict(self.wide_mode)
@@ -385,7 +387,7 @@ class Build:
                       for t in texts for sk in [parse_canonical(t)]]
         while True:
             step = fit_wide(self.forms, self.widths, self.singletons, rho, saturating,
-                            self.meas, self.wide_mode["carrier"],
+                            self.meas, self.wide_mode["carrier"], t_plain=t_plain,
                             classes=model.provenance.get("behaviour_classes"),
                             config=self.config, log=log, lp_stats=st)
             if step.done:

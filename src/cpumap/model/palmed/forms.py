@@ -10,7 +10,7 @@ them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from scipy.sparse import coo_matrix
@@ -43,7 +43,9 @@ def select_saturating(core: Core, meas: Measurements, singletons: Mapping[str, f
 
 def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]],
                            forms: Sequence[str], singletons: Mapping[str, float],
-                           meas: Measurements, config: PalmedConfig | None = None) -> list[str]:
+                           meas: Measurements, config: PalmedConfig | None = None,
+                           settled: Callable[[Mapping[str, int], str], bool] | None = None,
+                           ) -> list[str]:
     """Stage 6: every form against every saturating kernel (with its construction time) at
     each proportion of ``betas`` (and each scaled SK^s alone, the base of the difference):
     ``|R| (1 + 2 len(betas))`` kernels per form at most, linear in the number of forms.
@@ -60,6 +62,9 @@ def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]]
     (Zen 3, 2,837 forms, 24 core resources) 38,305 of 68,088 balanced mixes were slower than
     their SK^s (the shared front end), and 11,546 of the 37,783 quarter-proportion mixes:
     screening 1/16 behind 1/4 leaves out about 26,000 of 78,684 lighter kernels.
+
+    ``settled(sk, form)``, asked once the balanced mix is measured: True when it already
+    says all the lighter ones would (the wide stage's mixes that rose as in the plain model).
     """
     cfg = config or PalmedConfig()
     out: set[str] = set()
@@ -76,6 +81,8 @@ def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]]
                 tb, tk = _text(base), _text(k)
                 out |= {tb, tk}
                 if tb not in meas or tk not in meas:
+                    break
+                if settled is not None and beta == cfg.betas[0] and settled(sk, f):
                     break
                 m_base, m_mix = meas[tb], meas[tk]
                 if math.isfinite(m_base) and math.isfinite(m_mix) and \

@@ -77,16 +77,17 @@ def _serialised(rho: Mapping[str, Mapping[int, float]], n_res: int, serial: Sequ
 
 
 def _explained(rho: dict[str, dict[int, float]], defining: list[Kernel],
-               saturating: list[Kernel], forms: Sequence[str],
-               singletons: Mapping[str, float], cfg: PalmedConfig,
-               log: Log) -> tuple[dict[str, dict[int, float]], list[Kernel], list[Kernel]]:
+               saturating: list[tuple[Kernel, float]], forms: Sequence[str],
+               singletons: Mapping[str, float], cfg: PalmedConfig, log: Log,
+               ) -> tuple[dict[str, dict[int, float]], list[Kernel], list[tuple[Kernel, float]]]:
     """Last safety net: every form's model explains its own singleton.
 
     When refinement stops (``max_refine``, ``max_resources``) a form may still lack its
     bottleneck resource; predicting (almost) nothing for it would make any kernel holding it
     look free (seen: 900% IPC errors on a 300-form machine). A form predicted below
     t(form)(1 - tol) alone gets its uses scaled up to t(form); a form with no use at all gets a
-    resource of its own (defining kernel: the form alone).
+    resource of its own (defining kernel: the form alone). ``saturating`` pairs each
+    resource's saturating kernel with its construction time, as its mixes were built.
     """
     rho = {f: dict(v) for f, v in rho.items()}
     defining, saturating = list(defining), list(saturating)
@@ -102,7 +103,7 @@ def _explained(rho: dict[str, dict[int, float]], defining: list[Kernel],
         else:
             rho[f] = {len(defining): t}
             defining.append({f: 1})
-            saturating.append({f: 1})
+            saturating.append(({f: 1}, t))
             log(f"explain: {f} has no use: resource R{len(defining) - 1:02d} of its own")
     return rho, defining, saturating
 

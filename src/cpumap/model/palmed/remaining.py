@@ -50,7 +50,9 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     ``need`` lists kernels to measure (mapping kernels of new resources: one or two
     measurement rounds per refinement round), or ``done`` with
     ``result = (rho, defining, saturating, behaviour)``: rho maps form -> resource index ->
-    use, behaviour maps each representative of a class of several forms to its members.
+    use, saturating pairs each resource's saturating kernel with its construction time (as its
+    mixes were built), behaviour maps each representative of a class of several forms to its
+    members.
 
     Every form meets each refinement resource at the lightest proportion; only the
     representatives of the behaviour classes (``classes.behaviour_classes``, recomputed on
@@ -181,7 +183,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                     f"{now_s:.2%} vs {prev_s:.2%} without it)")
                 prev = polished(prev, saturating[:n_prev])
                 return Step(need=[], result=_explained(
-                    prev, defining[:n_prev], [sk for sk, _ in saturating[:n_prev]], forms,
+                    prev, defining[:n_prev], saturating[:n_prev], forms,
                     singletons, cfg, log), state=[r for r in refined if r[2] != rounds - 1])
             log(f"refine: round {rounds - 1} kept (misfit {now_s:.2%} vs {prev_s:.2%})")
         # refinement: measured kernels the model under-predicts reveal missing resources
@@ -206,7 +208,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             if noisy:
                 rho = polished(rho, saturating)
             return Step(need=[], result=_explained(
-                rho, defining, [sk for sk, _ in saturating], forms, singletons, cfg, log),
+                rho, defining, saturating, forms, singletons, cfg, log),
                 state=refined)
         added: list[Kernel] = []
         taken: set[str] = set()

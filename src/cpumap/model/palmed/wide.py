@@ -28,7 +28,9 @@ that hold no 512-bit form of their own.
    vector form; every vector form against every saturating kernel with the carrier added
    (``SK^s + Z``), and every other form against those that a vector form saturates (a
    general-purpose form meets vector μops that left port 1), screened by proportion as the
-   mapping kernels are (``select_mapping_kernels``); then Palmed's per-form LPs over those
+   mapping kernels are (``select_mapping_kernels``) and by the plain stages' own mixes
+   (``_as_plain``: a pair whose balanced mix rose as in the plain model keeps its plain use,
+   with no lighter proportion beside the carrier); then Palmed's per-form LPs over those
    kernels (``forms._fit_forms``), each mix held to its saturated resource (``hold``). The
    other forms keep their plain uses of the resources no vector form saturates.
 
@@ -45,7 +47,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cpumap.isa.transition import WIDE_BITS
+from cpumap.isa.transition import WIDE_BITS, mixes_512
 from cpumap.model.palmed.config import Kernel, Log, Measurements, PalmedConfig, _nolog
 from cpumap.model.palmed.core import Core, Step
 from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
@@ -131,7 +133,8 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
 def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
              rho: Mapping[str, Mapping[int, float]],
              saturating: Sequence[tuple[Mapping[str, int], float]], meas: Measurements,
-             z: str, *, classes: Mapping[str, Sequence[str]] | None = None,
+             z: str, *, t_plain: Sequence[float] | None = None,
+             classes: Mapping[str, Sequence[str]] | None = None,
              config: PalmedConfig | None = None, log: Log = _nolog,
              lp_stats: _LPStats | None = None) -> Step:
     """Stage 8: the wide uses of the vector forms, on a host where ``probe`` saw the mode.
@@ -146,6 +149,12 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     (``_wide_reps``) meet the saturating kernels, and members take their wide uses. Returns a
     Step whose ``need`` lists kernels to measure, or ``done`` with ``result`` = form ->
     resource index -> wide use.
+
+    ``t_plain`` (the saturating kernels' construction times, which built the plain stages'
+    mixes) screens the lighter proportions: a form whose balanced mix beside ``SK^s + Z``
+    rose as much a copy as its balanced mix beside ``SK^s`` did in the plain stages
+    (``_as_plain``) keeps its plain use of that resource, measured at every proportion
+    already; only a mix that rose otherwise gets the lighter ones.
     """
     cfg = config or PalmedConfig()
     wide, narrow = split(forms, widths)
@@ -174,9 +183,23 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     other = sorted(f for f in forms if not widths.get(f, 0))
     reps = [f for f in vector if rep_of.get(f, f) == f]
     other_reps = [f for f in other if rep_of.get(f, f) == f]
-    need = sorted(set(select_mapping_kernels(sat, reps, t_mode, meas, cfg))
+    # saturating kernel with the carrier -> (its time, the plain one, its construction time)
+    plain = {_text(sk_z): (t_z, sk, t) for (sk_z, t_z), (sk, _), t
+             in zip(sat, saturating, t_plain or [math.nan] * len(sat), strict=True)}
+    t_of = {**singletons, **t_mode}
+    same: dict[tuple[str, str], bool] = {}
+
+    def settled(sk_z: Mapping[str, int], f: str) -> bool:
+        key = (_text(sk_z), f)
+        if key not in same:
+            t_sk_z, sk, t_sk = plain[key[0]]
+            same[key] = _as_plain(f, (sk_z, t_sk_z, t_of[f]), (sk, t_sk, singletons[f]),
+                                  widths, meas, cfg)
+        return same[key]
+
+    need = sorted(set(select_mapping_kernels(sat, reps, t_mode, meas, cfg, settled))
                   | set(select_mapping_kernels([sat[r] for r in vres], other_reps,
-                                               singletons, meas, cfg)))
+                                               singletons, meas, cfg, settled)))
     if need:
         return Step(need=need)
     start = {f: dict(u) for f, u in rho.items()}
@@ -185,7 +208,6 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # LPs traded uses between resources that the mode makes alike (VADDPD zmm's use of the
     # p05-like resource moved to another one, which VADDPD xmm did not use: a kernel of the
     # two predicted half its time on a simulated machine with 2 % noise)
-    t_of = {**singletons, **t_mode}
     fitted = _fit_forms(core, [*reps, *other_reps], t_of, meas, sat, {}, cfg,
                         lp_stats or _LPStats(), hold=True)
     # a form keeps its plain use of every resource it met in no measured mix beside the
@@ -193,7 +215,9 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # saturating kernel may not meet the carrier (legacy SSE on a host with the SSE/AVX
     # penalty; seen: VDIVPD ymm's divider use sat on such a resource and was lost, its
     # kernels beside zmm forms predicted 3-5 x too fast)
-    met = {f: {r for r, (sk, t_sk) in enumerate(sat) if _met(f, sk, t_sk, t_of[f], meas, cfg)}
+    # and of every resource against which its balanced mix rose as in the plain model
+    met = {f: {r for r, (sk, t_sk) in enumerate(sat) if _met(f, sk, t_sk, t_of[f], meas, cfg)
+               and not settled(sk, f)}
            for f in [*reps, *other_reps]}
     # a member takes its representative's wide uses of the resources the representative met,
     # per unit of its time in the mode (``fit_remaining`` scales the plain uses alike)
@@ -202,6 +226,8 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
         fitted[f] = {r: v * t_of[f] / t_of[rep] for r, v in fitted[rep].items()
                      if r in met[rep]} | \
             {r: v for r, v in rho.get(f, {}).items() if r not in met[rep]}
+    log(f"wide: {sum(same.values())} of {len(same)} balanced mixes beside the carrier rose "
+        "as in the plain model: their plain uses kept, their lighter proportions not measured")
     log(f"wide: wide uses of {len(vector)} vector forms ({len(narrow)} narrower, "
         f"{len(wide)} 512-bit; {len(reps)} representatives) against {len(sat)} resources "
         f"with carrier {z}, and of {len(other)} other forms ({len(other_reps)} "
@@ -246,3 +272,37 @@ def _met(form: str, sk: Kernel, t_sk: float, t_form: float, meas: Measurements,
     measured: the mode uses of that resource come from a measurement."""
     base, k = mix(sk, t_sk, form, t_form, cfg.betas[0], cfg.max_kernel)
     return _ok(meas, _text(base)) and _ok(meas, _text(k))
+
+
+def _as_plain(form: str, mode: tuple[Mapping[str, int], float, float],
+              plain: tuple[Mapping[str, int], float, float], widths: Mapping[str, int],
+              meas: Measurements, cfg: PalmedConfig) -> bool:
+    """Whether the form's balanced mix beside a saturating kernel and the carrier (``mode``:
+    that kernel, its time, the form's time in the mode) rose over its base as much a copy as
+    its balanced mix beside the same saturating kernel alone did (``plain``: the kernel, its
+    construction time, the form's singleton), within ``tol`` of the mode mix's time.
+
+    Why: the mode changes the uses of a few forms against a few resources (the vector μops
+    that leave port 1); elsewhere the lighter proportions beside the carrier measured again
+    what the plain stages had measured (on the full profile of the Sapphire Rapids-class
+    guest, 97,000 of the wide stage's first 184,000 kernels were lighter proportions). A mix
+    of 512-bit and narrower vector forms settles nothing: the plain stages kept it apart for
+    the mode, and the wide stage's own measurement of that same kernel is what it finds
+    (on the simulated core, narrow forms then lost their uses of 512-bit resources: mixed
+    kernels 1.7 % RMS, 33 % at most, against 0.06 %)."""
+    sk_z, t_sk_z, t_mode = mode
+    sk, t_sk, t_form = plain
+    if not (math.isfinite(t_sk) and t_sk > 0):
+        return False
+    beta = cfg.betas[0]
+    base_z, k_z = mix(sk_z, t_sk_z, form, t_mode, beta, cfg.max_kernel)
+    base, k = mix(sk, t_sk, form, t_form, beta, cfg.max_kernel)
+    if mixes_512(k, widths):
+        return False
+    texts = [_text(x) for x in (base_z, k_z, base, k)]
+    if not all(_ok(meas, t) for t in texts):
+        return False
+    m_base_z, m_z, m_base, m = (meas[t] for t in texts)
+    rise = (m - m_base) / (k[form] - base.get(form, 0))
+    expect = m_base_z + rise * (k_z[form] - base_z.get(form, 0))
+    return abs(m_z - expect) <= max(cfg.tol, 1e-9) * m_z
