@@ -116,12 +116,15 @@ def kernel_id(canon: str) -> str:
 def interleave(kernel: Mapping[str, int]) -> list[str]:
     """One copy of the kernel with every form's instances spread evenly (deterministic)."""
     total = sum(kernel.values())
-    credit = dict.fromkeys(sorted(kernel), 0.0)
+    names = sorted(kernel)
+    rank = {n: -i for i, n in enumerate(names)}
+    share = {n: kernel[n] / total for n in names}
+    credit = dict.fromkeys(names, 0.0)
     out = []
     for _ in range(total):
-        for n in credit:
-            credit[n] += kernel[n] / total
-        best = max(credit, key=lambda n: (credit[n], -sorted(kernel).index(n)))
+        for n in names:
+            credit[n] += share[n]
+        best = max(names, key=lambda n: (credit[n], rank[n]))
         credit[best] -= 1.0
         out.append(best)
     return out
@@ -169,7 +172,13 @@ def plan_pools(specs: list[FormSpec]) -> Allocation:
 
 @dataclass
 class Emitter:
-    """Stateful instance generator: round-robin registers and memory slots across a body."""
+    """Stateful instance generator: round-robin registers and memory slots across a body.
+
+    ``cache`` (instance -> assembly line) and ``stack`` may be shared by the emitters of one
+    batch: a line depends on the form and its operands only, and the kernels of a batch
+    repeat the same forms (their saturating kernels) with the same registers and slots. Each
+    kernel encoding its own lines again took most of a batch's generation (5,000 kernels:
+    about 7 s against 2 s for the assembler)."""
 
     specs: Mapping[str, FormSpec]
     alloc: Allocation
@@ -181,59 +190,72 @@ class Emitter:
     split_rmw: bool = False
     #: form -> how far one instance moves RSP (pushes: -8, pops: +8; most forms: 0)
     stack: dict = field(default_factory=dict)
+    #: form -> (its registers with the fixed ones filled in, the operands that rotate):
+    #: the read registers of a form are the same on every instance of one kernel
+    templates: dict = field(default_factory=dict)
 
-    def operands_for(self, name: str) -> tuple[list[str | None], int, str]:
-        spec = self.specs[name]
+    def _template(self, name: str) -> tuple[list[str | None], list[tuple]]:
+        found = self.templates.get(name)
+        if found is not None:
+            return found
         regs: list[str | None] = []
+        rotating: list[tuple] = []
         reads: dict[str, int] = {}
+        for i, op in enumerate(self.specs[name].operands):
+            regs.append(None)
+            if op.kind == "reg" and "w" in op.access:
+                pool = self.alloc.write[op.cls]
+                rotating.append((i, op.cls, [x86.reg_name(op.cls, op.width, j) for j in pool]))
+            elif op.kind == "reg":
+                k = reads.get(op.cls, 0)
+                regs[i] = x86.reg_name(op.cls, op.width, self.alloc.read[op.cls][k])
+                reads[op.cls] = k + 1
+            elif op.kind == "mem":
+                rotating.append((i, None, ("w" in op.access, op.access, max(1, op.width // 8))))
+        self.templates[name] = regs, rotating
+        return regs, rotating
+
+    def operands_for(self, name: str) -> tuple[tuple[str | None, ...], int, str]:
+        fixed, rotating = self._template(name)
+        regs = list(fixed)
         displ = 0
         base = x86.MEM_BASE
-        half = self.arena_bytes // 2
-        slots = max(1, half // SLOT_BYTES)
-        for op in spec.operands:
-            if op.kind == "reg":
-                if "w" in op.access:
-                    pool = self.alloc.write[op.cls]
-                    idx = pool[self.rr_reg[op.cls] % len(pool)]
-                    self.rr_reg[op.cls] += 1
-                else:
-                    k = reads.get(op.cls, 0)
-                    idx = self.alloc.read[op.cls][k]
-                    reads[op.cls] = k + 1
-                regs.append(x86.reg_name(op.cls, op.width, idx))
-            elif op.kind == "mem":
-                side = "w" if "w" in op.access else "r"
-                region = 0
-                n_slots = slots
-                if self.split_rmw and side == "w":
-                    # stores in the first half of the write half, read-modify-writes in the
-                    # second: a read-modify-write never loads what a store of another form
-                    # just wrote (measured on Zen 4: ADD m64,r64 + MOVSD m64,xmm 5.35 cycles
-                    # a pair when they shared slots, 1.0 each alone)
-                    side = op.access
-                    n_slots = max(1, slots // 2)
-                    region = (n_slots * SLOT_BYTES) if side == "rw" else 0
-                slot = self.rr_mem[side] % n_slots
-                self.rr_mem[side] += 1
-                # Rotate the offset inside the 64-byte line by the access size as well: L1
-                # banks are selected by the low address bits, and same-offset accesses to
-                # different lines conflict (measured: 2.5 instead of 3 loads/cycle on Zen 4).
-                size = max(1, op.width // 8)
-                inline = (slot * size) % SLOT_BYTES if size < SLOT_BYTES else 0
-                displ = region + slot * SLOT_BYTES + inline
-                base = x86.WRITE_BASE if side != "r" else x86.MEM_BASE
-                regs.append(None)
-            else:
-                regs.append(None)
-        return regs, displ, base
+        for i, cls, what in rotating:
+            if cls is not None:  # a written register: round robin over the class's pool
+                n = self.rr_reg[cls]
+                regs[i] = what[n % len(what)]
+                self.rr_reg[cls] = n + 1
+                continue
+            writes, access, size = what
+            slots = max(1, (self.arena_bytes // 2) // SLOT_BYTES)
+            side = "w" if writes else "r"
+            region = 0
+            n_slots = slots
+            if self.split_rmw and side == "w":
+                # stores in the first half of the write half, read-modify-writes in the
+                # second: a read-modify-write never loads what a store of another form
+                # just wrote (measured on Zen 4: ADD m64,r64 + MOVSD m64,xmm 5.35 cycles
+                # a pair when they shared slots, 1.0 each alone)
+                side = access
+                n_slots = max(1, slots // 2)
+                region = (n_slots * SLOT_BYTES) if side == "rw" else 0
+            slot = self.rr_mem[side] % n_slots
+            self.rr_mem[side] += 1
+            # Rotate the offset inside the 64-byte line by the access size as well: L1
+            # banks are selected by the low address bits, and same-offset accesses to
+            # different lines conflict (measured: 2.5 instead of 3 loads/cycle on Zen 4).
+            inline = (slot * size) % SLOT_BYTES if size < SLOT_BYTES else 0
+            displ = region + slot * SLOT_BYTES + inline
+            base = x86.WRITE_BASE if side != "r" else x86.MEM_BASE
+        return tuple(regs), displ, base
 
     def emit(self, name: str) -> str:
         """Assembly line of the next instance of form ``name``: its bytes, AT&T as comment."""
         regs, displ, base = self.operands_for(name)
-        key = (name, tuple(regs), displ, base)
+        key = (name, regs, displ, base)
         line = self.cache.get(key)
         if line is None:
-            instr = x86.instantiate(self.specs[name], regs, displ, base=base)
+            instr = x86.instantiate(self.specs[name], list(regs), displ, base=base)
             line = ("    .byte " + ",".join(f"{b:#04x}" for b in x86.encode(instr))
                     + f"  # {x86.att(instr)}")
             self.cache[key] = line
@@ -349,6 +371,9 @@ def generate_batch(
     """Assembly text of one batch shared object (ABI of CONTRACTS) and per-kernel metadata."""
     out = ["# generated by cpumap.measure.asmgen; do not edit", "    .text"]
     metas: list[KernelMeta] = []
+    # the batch's instances, shared by its kernels (``Emitter``)
+    instances: dict = {}
+    stack: dict = {}
     for i, kernel in enumerate(kernels):
         missing = [n for n in kernel if n not in specs]
         if missing:
@@ -364,7 +389,8 @@ def generate_batch(
         # f1's body is the first half of f2's: both start from the same allocator state
         mem_writes = {op.access for sp in kspecs for op in sp.operands
                       if op.kind == "mem" and "w" in op.access}
-        em = Emitter(specs, alloc, params.arena_bytes, split_rmw={"w", "rw"} <= mem_writes)
+        em = Emitter(specs, alloc, params.arena_bytes, cache=instances, stack=stack,
+                     split_rmw={"w", "rw"} <= mem_writes)
         body2 = [em.emit(name) for _ in range(2 * unroll) for name in copy]
         names2 = [name for _ in range(2 * unroll) for name in copy]
         for fn, n in (("f1", unroll * m), ("f2", 2 * unroll * m)):
