@@ -201,6 +201,7 @@ class Emitter:
         regs: list[str | None] = []
         rotating: list[tuple] = []
         reads: dict[str, int] = {}
+        slots = max(1, (self.arena_bytes // 2) // SLOT_BYTES)
         for i, op in enumerate(self.specs[name].operands):
             regs.append(None)
             if op.kind == "reg" and "w" in op.access:
@@ -211,7 +212,8 @@ class Emitter:
                 regs[i] = x86.reg_name(op.cls, op.width, self.alloc.read[op.cls][k])
                 reads[op.cls] = k + 1
             elif op.kind == "mem":
-                rotating.append((i, None, ("w" in op.access, op.access, max(1, op.width // 8))))
+                rotating.append((i, None, ("w" in op.access, op.access, max(1, op.width // 8),
+                                           slots)))
         self.templates[name] = regs, rotating
         return regs, rotating
 
@@ -226,8 +228,7 @@ class Emitter:
                 regs[i] = what[n % len(what)]
                 self.rr_reg[cls] = n + 1
                 continue
-            writes, access, size = what
-            slots = max(1, (self.arena_bytes // 2) // SLOT_BYTES)
+            writes, access, size, slots = what
             side = "w" if writes else "r"
             region = 0
             n_slots = slots

@@ -328,10 +328,10 @@ class Build:
                 # forms alike against every saturating kernel: one fitted, the others take
                 # its uses
                 "behaviour_classes": dict(sorted(behaviour.items())),
-                "resources": {n: {"defining": _text(d), "saturating": _text(s[0]),
+                "resources": {n: {"defining": _text(d), "saturating": _text(s),
                                   "stage": "core" if i < core.n_resources else "refine"}
-                              for i, (n, d, s) in enumerate(zip(names, defining, saturating,
-                                                                strict=True))},
+                              for i, (n, d, (s, _t)) in enumerate(zip(names, defining,
+                                                                      saturating, strict=True))},
                 "kernels": dict(self.counts),
                 "layout_sensitive": _layout_json(self.layout),
                 "approximate": {f: layout_note(u) for f, u in sorted(self.layout.items())},
