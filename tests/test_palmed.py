@@ -67,9 +67,20 @@ def test_pair_candidates_spread_over_times() -> None:
     t = {"A": 0.25, "B": 0.25, "C": 0.25, "D": 1.0, "E": 1.0, "F": 3.0}
     assert palmed.pair_candidates(t, None) == sorted(t)
     assert palmed.pair_candidates(t, 10) == sorted(t)
-    # round-robin over the times 0.25, 1 and 3, fastest group first, names in order
-    assert palmed.pair_candidates(t, 4) == ["A", "B", "D", "F"]
-    assert palmed.pair_candidates(t, 5) == ["A", "B", "D", "E", "F"]
+    # round-robin over the times 0.25 and 1, the most populous first; F, slower than 4x the
+    # median (0.625), after every other form
+    assert palmed.pair_candidates(t, 4) == ["A", "B", "D", "E"]
+    assert palmed.pair_candidates(t, 5) == ["A", "B", "C", "D", "E"]
+    # the listed forms first (unknown names ignored), then the same round-robin
+    assert palmed.pair_candidates(t, 3, first=["F", "X"]) == ["A", "D", "F"]
+    # plain (register) forms first within a time group
+    assert palmed.pair_candidates(t, 2, plain={"C", "E"}) == ["C", "E"]
+
+
+def test_pair_candidates_spread_over_names() -> None:
+    t = {f"F{i:02d}": 1.0 for i in range(16)}
+    # prefixes spread over the sorted names: variants of one mnemonic sit side by side
+    assert palmed.pair_candidates(t, 4) == ["F00", "F04", "F08", "F12"]
 
 
 def test_mix_keeps_proportions() -> None:

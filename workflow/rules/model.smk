@@ -20,6 +20,8 @@ checkpoint palmed_pairs:
         harness=HARNESS_BIN,
         # model.extra_forms is an input when set: editing the list refits the model
         extra=lambda wildcards: [p] if (p := config["model"].get("extra_forms")) else [],
+        # model.first_candidates: the forms taken first as pair candidates
+        first=lambda wildcards: [p] if (p := config["model"].get("first_candidates")) else [],
         # model.suite_forms: the forms of the real kernels' blocks, so that the evaluation's
         # model analyzer covers them
         suite_forms=lambda wildcards: (

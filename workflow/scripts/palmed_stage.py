@@ -15,7 +15,7 @@ redirect_output(snakemake.log[0])
 
 from model_common import measurer_and_config
 
-from cpumap.measure import transition
+from cpumap.measure import campaign, transition
 from cpumap.measure.campaign import read_plan
 from cpumap.model import jobs
 
@@ -34,8 +34,10 @@ if stage == "pairs":
     with open(inp.sse_avx, encoding="utf-8") as handle:
         sse_avx = json.load(handle)
     print(transition.summary(sse_avx), flush=True)
+    # model.first_candidates: the pair candidates taken first (a form list file, or none)
+    first = [f for path in inp.first for f in campaign.read_form_list(Path(path))]
     jobs.pairs_job(job, forms, left_out, Path(out.state), Path(out.plan), batch_size, sse_avx,
-                   bool(snakemake.params.model.get("wide", True)))
+                   bool(snakemake.params.model.get("wide", True)), first)
 elif stage == "basic":
     jobs.basic_job(job, Path(inp.state), Path(out.state))
 elif stage == "core":

@@ -88,6 +88,8 @@ def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedCo
         # hardware shared with other jobs, medians of repetitions still move by 1-2% between
         # kernels of the same throughput, so 5%
         tol = max(1e-6, 3 * noise) if noise is not None else NATIVE_TOL
+    rounds = model_cfg.get("max_refine")
+    extra = {} if rounds is None else {"max_refine": int(rounds)}
     if noise is None:
         # hardware: every measurement round starts the harness bench.rounds times, and real
         # cores are not exactly resource models (memory forms), so the cutting plane would
@@ -96,9 +98,9 @@ def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedCo
                             seed=int(model_cfg.get("seed", 0)), core_batch=NATIVE_CORE_BATCH,
                             max_resources=NATIVE_MAX_RESOURCES,
                             max_core_resources=NATIVE_MAX_CORE_RESOURCES,
-                            refine_batch=NATIVE_REFINE_BATCH)
+                            refine_batch=NATIVE_REFINE_BATCH, **extra)
     return PalmedConfig(tol=float(tol), max_basic=int(model_cfg.get("max_basic", 28)),
-                        seed=int(model_cfg.get("seed", 0)))
+                        seed=int(model_cfg.get("seed", 0)), **extra)
 
 
 def measuring(measurer: Measurer, stage: str) -> Callable[[list[str]], list[float]]:
@@ -186,25 +188,34 @@ class StageJob:
 
 def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], state: Path,
               plan: Path, batch_size: int, sse_avx: Mapping[str, Any] | None = None,
-              wide: bool = True) -> None:
+              wide: bool = True, first: Sequence[str] = ()) -> None:
     """Checkpoint palmed_pairs: singletons (missing ones measured), the pairs' plan.
 
     ``sse_avx``: the transition probe's record (``cpumap.measure.transition``); with a
     penalty, no Palmed kernel mixes legacy-SSE and 256-bit AVX forms, and the model carries
-    the cost per switch for its predictions. ``wide``: probe the 512-bit mode."""
+    the cost per switch for its predictions. ``wide``: probe the 512-bit mode. ``first``: the
+    forms taken first as pair candidates (``model.first_candidates``)."""
     penalty = bool(sse_avx and sse_avx.get("penalty"))
     apart = transition.families(job.measurer.forms) if penalty else {}
     # the vector lengths: the wide probe (``palmed.wide``) sees whether the host runs narrow
     # vector forms differently beside 512-bit ones
     cat = job.measurer.forms
     b = Build.start(forms, job.measure, job.cfg, job.log, apart,
-                    transition.vector_lengths(cat) if wide else None, transition.carriers(cat))
+                    transition.vector_lengths(cat) if wide else None, transition.carriers(cat),
+                    first, plain_forms(cat))
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
     if sse_avx is not None:
         b.info["sse_avx_transition"] = {
             "penalty": penalty, "cycles_per_switch": float(sse_avx.get("cycles_per_switch", 0.0))}
     job.plan(b.pair_kernels(), batch_size, plan)
     job.save(b, state)
+
+
+def plain_forms(forms: pd.DataFrame) -> set[str]:
+    """Forms of register and immediate operands only: no memory operand, no implicit one
+    (the pair candidates' preferred kind: ``palmed.pair_candidates``)."""
+    implicit = forms["implicit"].fillna("").map(lambda v: bool(v) and bool(json.loads(v)))
+    return set(forms.loc[~forms["mem"].astype(bool) & ~implicit, "name"])
 
 
 def basic_job(job: StageJob, state_in: Path, state_out: Path) -> None:

@@ -14,8 +14,9 @@ Stages (and why)
    take the same time, the pair takes ``max`` of them if a and b share nothing and their sum if
    they compete for the same resource; the *sharing* ``s = (M - max)/min`` in [0, 1] is
    the most informative single number about a pair. All pairs would be quadratic (as in
-   Palmed); above ``max_pair_forms`` forms only the pairs among that many candidates spread
-   over the singleton times are measured (``pair_candidates``), so the stage is bounded and
+   Palmed); above ``max_pair_forms`` forms only the pairs among that many candidates (a
+   listed set first, then forms spread over the singleton times) are measured
+   (``pair_candidates``), so the stage is bounded and
    the whole build grows linearly with the number of forms. ``select_pairs(probes=...)``
    limits it further to pairs with a probe set.
 3. **Classes and basic instructions** (``select_basic``): forms with the same singleton time

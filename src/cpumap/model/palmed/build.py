@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,11 +176,13 @@ class Build:
     def start(cls, forms: Sequence[str], measure: Measure, config: PalmedConfig | None = None,
               log: Log = _nolog, apart: Mapping[str, str] | None = None,
               widths: Mapping[str, int] | None = None,
-              carriers: Sequence[str] | None = None) -> Build:
+              carriers: Sequence[str] | None = None, first: Sequence[str] = (),
+              plain: Set[str] | None = None) -> Build:
         """Stage 1: every form alone; forms whose singleton failed are dropped. ``apart``:
         the families of forms no kernel may mix (see the field); ``widths``: the forms'
         vector lengths, for the wide probe (``palmed.wide``), run here, with a carrier among
-        ``carriers`` (None: any 512-bit form)."""
+        ``carriers`` (None: any 512-bit form); ``first`` and ``plain``: the pair candidates'
+        order (``kernels.pair_candidates``)."""
         t0 = time.perf_counter()
         known = set(forms)
         b = cls(config=config or PalmedConfig(), forms=sorted(known),
@@ -202,7 +204,8 @@ class Build:
             log(f"layout: {len(b.layout)} forms whose time depends on the code layout, "
                 f"approximate: {' '.join(sorted(b.layout))}")
         b.candidates = pair_candidates({f: t for f, t in b.singletons.items()
-                                        if f not in b.layout}, b.config.max_pair_forms)
+                                        if f not in b.layout}, b.config.max_pair_forms,
+                                       first, plain)
         if widths is not None:
             while True:
                 need, record = probe(b.forms, b.widths, b.singletons, b.meas, b.candidates,

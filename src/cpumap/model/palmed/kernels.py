@@ -29,7 +29,7 @@ cycles with disjoint write pools too): that one is the hardware's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -112,32 +112,81 @@ def select_pairs(singletons: Mapping[str, float], *, max_mult: int = 8,
     return sorted(out)
 
 
-def pair_candidates(singletons: Mapping[str, float], cap: int | None) -> list[str]:
-    """The forms whose pairs are measured: all of them, or ``cap`` spread over singleton times.
+#: Pair candidates: forms slower than this many times the median singleton come after all
+#: the others (``select_basic`` takes none of them as a basic instruction).
+SLOW_CANDIDATE = 4.0
+
+
+def pair_candidates(singletons: Mapping[str, float], cap: int | None,
+                    first: Sequence[str] = (), plain: Set[str] | None = None) -> list[str]:
+    """The forms whose pairs are measured: all of them, or ``cap`` of them.
 
     All pairs cost n(n-1)/2 kernels: 44,850 for 300 forms. Classes and basic instructions only
-    need enough forms of every kind, so above ``cap`` forms the candidates are taken round-robin
-    over the distinct singleton times (rounded to 2 %: forms of one μop kind share a time),
-    fastest group first, names in order within a group. The pairs stage then costs at most
-    cap(cap-1)/2 kernels whatever the number of forms, and every later stage is linear in the
-    number of forms; a resource that no candidate reveals is found by the refinement stage.
+    need enough forms of every kind, so above ``cap`` forms the candidates are ``first`` (the
+    forms of a list a person chose, one per kind of μop: ``model.first_candidates``) and then
+    forms taken round-robin over the groups of equal singleton time (rounded to 2 %: forms of
+    one μop kind share a time), the most populous group first, and within a group the
+    ``plain`` forms (register and immediate operands only) first, spread over the names. The
+    pairs stage then costs at most cap(cap-1)/2 kernels whatever the number of forms, and every
+    later stage is linear in the number of forms; a resource that no candidate reveals is found
+    by the refinement stage.
+
+    Why this order: taken fastest group first and by name, 6,143 forms of the Sapphire
+    Rapids-class guest gave 120 candidates of which a third were fences, serialising or
+    non-temporal forms and most of the rest memory forms (one per 2 % of singleton time, the
+    first name of each: ADDPD xmm, m128 before ADDPD xmm, xmm); the core built on them had
+    resources such as ``SFENCE*3 VANDNPD ymm, ymm, m256`` and the held-out error was 16.5 %.
+    A populous time group is a μop kind many forms share; a memory form uses both a load port
+    and its ALU port and makes a poor basic instruction; forms slower than ``SLOW_CANDIDATE``
+    times the median come last, after every other.
     """
     forms = sorted(singletons)
     if cap is None or len(forms) <= cap:
         return forms
-    groups: dict[float, list[str]] = {}
+    out = [f for f in dict.fromkeys(first) if f in singletons][:cap]
+    taken = set(out)
+    t_med = float(np.median(list(singletons.values())))
+    groups: dict[tuple[bool, int], list[str]] = {}
     for f in forms:
-        key = round(math.log(singletons[f]) / math.log(1.02))
-        groups.setdefault(key, []).append(f)
-    queues = [groups[k] for k in sorted(groups)]
-    out: list[str] = []
-    depth = 0
-    while len(out) < cap:
-        for q in queues:
-            if depth < len(q) and len(out) < cap:
-                out.append(q[depth])
-        depth += 1
+        if f not in taken:
+            key = (singletons[f] > SLOW_CANDIDATE * t_med,
+                   round(math.log(singletons[f]) / math.log(1.02)))
+            groups.setdefault(key, []).append(f)
+    for slow in (False, True):
+        queues = [_spread([f for f in g if plain is None or f in plain])
+                  + _spread([f for f in g if plain is not None and f not in plain])
+                  for key, g in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+                  if key[0] == slow]
+        depth = 0
+        while len(out) < cap and any(depth < len(q) for q in queues):
+            for q in queues:
+                if depth < len(q) and len(out) < cap:
+                    out.append(q[depth])
+            depth += 1
     return sorted(out)
+
+
+def _spread(names: list[str]) -> list[str]:
+    """``names`` (sorted) in an order whose every prefix is spread over the list: positions
+    0, 1/2, 1/4, 3/4, ... of it (the van der Corput sequence), then those left in order.
+    Neighbours in name order are variants of one mnemonic (ADDPD xmm, m128 and xmm, xmm)."""
+    n = len(names)
+    order: list[int] = []
+    seen: set[int] = set()
+    j = 0
+    while len(order) < n and j < 4 * n:
+        x, denom, k = 0.0, 1.0, j
+        while k:
+            denom *= 2
+            x += (k & 1) / denom
+            k >>= 1
+        i = int(x * n)
+        if i not in seen:
+            seen.add(i)
+            order.append(i)
+        j += 1
+    order += [i for i in range(n) if i not in seen]
+    return [names[i] for i in order]
 
 
 def sharing(a: str, b: str, singletons: Mapping[str, float], meas: Measurements,
