@@ -45,6 +45,14 @@ def test_families_from_the_catalogue(catalogue_df):
     assert "VFPCLASSPD_K_M256_I8" not in fams
 
 
+def test_plain_forms_have_register_operands_only(catalogue_df):
+    plain = transition.plain_forms(catalogue_df)
+    assert {"ADD_R64_R64", "ADD_R64_I8", "VADDPD_ZMM_ZMM_ZMM", SSE} <= plain
+    # a memory operand, or an implicit register (RSP of PUSH, RDX:RAX of MUL)
+    for other in ("ADD_R64_M64", "ADD_M64_R64", "PUSH_R64", "MUL_R64"):
+        assert other in set(catalogue_df["name"]) and other not in plain
+
+
 def test_switches_of_a_loop_body():
     fams = {"S": transition.SSE, "A": transition.AVX}
     assert transition.switches(["S", "S", "A", "S"], fams) == 2  # S->A, A->S

@@ -76,6 +76,14 @@ def carriers(forms: Any) -> list[str]:
                   and all(o.get("kind") != "mem" for o in operands(ops)))
 
 
+def plain_forms(forms: Any) -> set[str]:
+    """Forms of a catalogue table (``name``, ``mem``, ``implicit``) with register and
+    immediate operands only, no implicit one: the pair candidates' preferred kind
+    (``cpumap.model.palmed.pair_candidates``; a memory form also uses a load or store port)."""
+    implicit = forms["implicit"].fillna("").map(lambda v: bool(v) and bool(json.loads(v)))
+    return {str(n) for n in forms.loc[~forms["mem"].astype(bool) & ~implicit, "name"]}
+
+
 def mixes_512(kernel: Iterable[str], lengths: Mapping[str, int]) -> bool:
     """Whether a kernel holds a 512-bit vector form beside a narrower vector form
     (``lengths``: ``vector_lengths``). On Intel cores port 1 takes no vector μops while

@@ -202,20 +202,13 @@ def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], 
     cat = job.measurer.forms
     b = Build.start(forms, job.measure, job.cfg, job.log, apart,
                     transition.vector_lengths(cat) if wide else None, transition.carriers(cat),
-                    first, plain_forms(cat))
+                    first, transition.plain_forms(cat))
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
     if sse_avx is not None:
         b.info["sse_avx_transition"] = {
             "penalty": penalty, "cycles_per_switch": float(sse_avx.get("cycles_per_switch", 0.0))}
     job.plan(b.pair_kernels(), batch_size, plan)
     job.save(b, state)
-
-
-def plain_forms(forms: pd.DataFrame) -> set[str]:
-    """Forms of register and immediate operands only: no memory operand, no implicit one
-    (the pair candidates' preferred kind: ``palmed.pair_candidates``)."""
-    implicit = forms["implicit"].fillna("").map(lambda v: bool(v) and bool(json.loads(v)))
-    return set(forms.loc[~forms["mem"].astype(bool) & ~implicit, "name"])
 
 
 def basic_job(job: StageJob, state_in: Path, state_out: Path) -> None:
