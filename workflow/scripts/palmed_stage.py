@@ -16,7 +16,6 @@ redirect_output(snakemake.log[0])
 from model_common import measurer_and_config
 
 from cpumap.measure import campaign, transition
-from cpumap.measure.campaign import read_plan
 from cpumap.model import jobs
 
 measurer, cfg, machine = measurer_and_config(snakemake)
@@ -25,7 +24,7 @@ job = jobs.StageJob(measurer, cfg, stage, lambda message: print(message, flush=T
 out, inp = snakemake.output, snakemake.input
 batch_size = int(snakemake.params.model["batch_size"])
 if stage == "pairs":
-    planned = [k for batch in read_plan(inp.plan) for k in batch]
+    planned = [k for batch in campaign.read_plan(inp.plan) for k in batch]
     forms, left_out = jobs.model_forms(measurer, planned, snakemake.params.model,
                                             list(inp.suite_forms))
     for name, reason in sorted(left_out.items()):
