@@ -114,6 +114,25 @@ def test_resource_labels_name_the_forms_that_saturate_a_resource_alone() -> None
     assert list(wide.table().bottleneck_label) == ["ADD/MULX/SUB: 2-4 per cycle"] * 4
 
 
+def test_resource_labels_leave_out_forms_that_use_every_resource() -> None:
+    """A serialising form (its whole time on every resource: a fence) names no resource, even
+    where it is the slowest user; a resource of one form's own does not count."""
+    fence = {r: 30.0 for r in ("alu", "load", "vec")}
+    model = ResourceModel(
+        resources=["alu", "load", "vec", "chain:ADC_R64_R64"],
+        rho={"ADD_R64_R64": {"alu": 0.25}, "MOV_R64_M64": {"load": 0.5},
+             "VADDPD_YMM_YMM_YMM": {"vec": 0.5, "alu": 0.1}, "LFENCE": fence,
+             "ADC_R64_R64": {"chain:ADC_R64_R64": 1.0}})
+    assert resmodel.resource_labels(model) == {
+        "alu": "ADD: 4 per cycle", "load": "MOV: 2 per cycle", "vec": "VADDPD: 2 per cycle",
+        "chain:ADC_R64_R64": "ADC: 1 per cycle"}
+    # a form at its largest use on only two resources still names them
+    two = ResourceModel(resources=["alu", "load", "vec"],
+                        rho={"POP_R64": {"alu": 0.5, "load": 0.5}})
+    assert resmodel.resource_labels(two) == {"alu": "POP: 2 per cycle",
+                                             "load": "POP: 2 per cycle", "vec": "unused"}
+
+
 def test_predictor_answers_exactly_as_predict() -> None:
     """The bulk predictor's sums and tie rule are predict's, on a 10-port machine's exact
     resource model (many ties: forms on the same ports)."""

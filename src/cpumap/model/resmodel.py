@@ -249,13 +249,26 @@ def resource_labels(model: ResourceModel) -> dict[str, str]:
     instance): "ADD/SUB/XOR +9: 4 per cycle". A resource no form saturates alone (found
     from combinations only, e.g. a front-end limit) names the forms using the most of it:
     "shared by 38 forms, most VMOVUPD/VFMADD231PS". Deterministic: ties by name.
+
+    Forms that take their whole time on every resource at once (the serialising forms of
+    ``palmed.refit``: fences, LSL, RDSEED) name no resource: they would otherwise head every
+    label and stretch every range (seen on the native full model: 20 of 24 labels
+    "LFENCE/MFENCE/LAR/LSL +N: 0.000893-2 per cycle").
     """
     alone: dict[str, list[tuple[float, str]]] = {r: [] for r in model.resources}
     users: dict[str, list[tuple[float, str]]] = {r: [] for r in model.resources}
     mn = {form: mnemonic(form) for form in model.rho}
+    # resources of their own (a dependence chain's) do not count towards "every resource"
+    n_users: dict[str, int] = {}
+    for uses in model.rho.values():
+        for r in uses:
+            n_users[r] = n_users.get(r, 0) + 1
+    shared = sum(1 for r in model.resources if n_users.get(r, 0) > 1)
     for form in sorted(model.rho):
         uses = model.rho[form]
         top = max(uses.values(), default=0.0)
+        if _everywhere(uses, top, shared):
+            continue
         for r, v in uses.items():
             if v <= 0 or r not in alone:
                 continue
@@ -288,6 +301,17 @@ def resource_labels(model: ResourceModel) -> dict[str, str]:
         else:
             labels[r] = "unused"
     return labels
+
+
+#: A form at its largest use on at least this many resources (and half of them) uses them all
+#: for its own time: a serialising form, which names no resource.
+_EVERYWHERE = 3
+
+
+def _everywhere(uses: Mapping[str, float], top: float, n_res: int) -> bool:
+    """Whether a form is at its largest use on (nearly) every shared resource."""
+    at_top = sum(1 for v in uses.values() if top > 0 and v >= top * (1 - _SATURATES))
+    return at_top >= max(_EVERYWHERE, n_res // 2)
 
 
 def _names(names: list[str], distinct: int) -> str:
