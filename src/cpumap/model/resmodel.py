@@ -37,6 +37,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -259,11 +260,8 @@ def resource_labels(model: ResourceModel) -> dict[str, str]:
     users: dict[str, list[tuple[float, str]]] = {r: [] for r in model.resources}
     mn = {form: mnemonic(form) for form in model.rho}
     # resources of their own (a dependence chain's) do not count towards "every resource"
-    n_users: dict[str, int] = {}
-    for uses in model.rho.values():
-        for r in uses:
-            n_users[r] = n_users.get(r, 0) + 1
-    shared = sum(1 for r in model.resources if n_users.get(r, 0) > 1)
+    n_users = Counter(r for uses in model.rho.values() for r in uses)
+    shared = sum(1 for r in model.resources if n_users[r] > 1)
     for form in sorted(model.rho):
         uses = model.rho[form]
         top = max(uses.values(), default=0.0)
@@ -310,7 +308,9 @@ _EVERYWHERE = 3
 
 def _everywhere(uses: Mapping[str, float], top: float, n_res: int) -> bool:
     """Whether a form is at its largest use on (nearly) every shared resource."""
-    at_top = sum(1 for v in uses.values() if top > 0 and v >= top * (1 - _SATURATES))
+    if top <= 0:
+        return False
+    at_top = sum(1 for v in uses.values() if v >= top * (1 - _SATURATES))
     return at_top >= max(_EVERYWHERE, n_res // 2)
 
 

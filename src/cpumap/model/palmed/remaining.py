@@ -253,6 +253,5 @@ def _pair_judge(rho: dict[str, dict[int, float]], defining: list[Kernel],
     A pair under-predicted once both forms explain their singletons shares a unit the model
     lacks, which a resource of its own then gives every form that uses it.
     """
-    ex, d, _ = _explained(rho, defining, [(dict(k), t) for k, t in saturating], forms,
-                          singletons, cfg, _nolog)
+    ex, d, _ = _explained(rho, defining, saturating, forms, singletons, cfg, _nolog)
     return ex, len(d)
