@@ -630,3 +630,48 @@ def test_wide_stage_skips_lighter_mixes_that_rose_as_in_the_plain_model(monkeypa
     for mdl in (model, unscreened):
         e = np.array([resmodel.predict(mdl, k)[0] / sim.exact(k) - 1 for k in mixed])
         assert np.abs(e).max() < 0.02
+
+
+def test_wide_refit_moves_only_the_uses_met_beside_the_carrier(monkeypatch) -> None:
+    """Noisy measurements: the wide uses end with a joint refit over every kernel holding a
+    512-bit form (``wide._refit_mode``), which lowers the error of the kernels mixing
+    512-bit and narrower vector forms on the simulated core at 2 % noise (three seeds, as
+    ``benchmarks/palmed_sim.py --wide``), and leaves every use a form did not meet beside the
+    carrier at its value: the plain uses of the resources no vector form saturates."""
+    m, widths = wide_mode_mapping()
+    cfg = palmed.PalmedConfig(tol=0.06)
+    for seed in range(3):
+        sim = SimulatedMachine(mapping=m, noise=0.02, seed=seed)
+        mixed = _kinds(held_out(sim.forms, 600, seed=3), widths)["mixed"]
+        rms = []
+        for refit in (False, True):
+            monkeypatch.setattr(palmed.wide, "WIDE_REFIT", refit)
+            model, stats = build_model(sim.forms, sim.measure, config=cfg, widths=widths)
+            e = np.array([resmodel.predict(model, k)[0] / sim.exact(k) - 1 for k in mixed])
+            rms.append(float(np.sqrt(np.mean(e ** 2))))
+        assert rms[1] < rms[0] * 0.85, (seed, rms)
+        assert stats["wide_refit"]["done"] and stats["wide_refit"]["kernels"] > 0
+        # a form without a vector register met only the saturating kernels that hold one
+        scalar = [r for r in model.resources if not any(
+            widths.get(f, 0) for f in parse_canonical(
+                model.provenance["resources"][r]["saturating"]))]
+        others = [f for f in sim.forms if not widths.get(f, 0)]
+        assert scalar and others
+        for f in others:
+            for r in scalar:
+                assert model.wide["rho"][f].get(r, 0.0) == model.rho[f].get(r, 0.0), (f, r)
+
+
+def test_polish_keeps_the_uses_it_is_not_free_to_move() -> None:
+    """``_polish(free=...)``: only the listed (form, resource) uses move; the others keep
+    their values exactly, even where the kernels would pull them elsewhere."""
+    rho = {"A": {0: 0.5}, "B": {1: 0.5}}
+    meas = {"A": 0.5, "B": 0.5, "A B": 1.0, "A*2 B": 1.5, "A B*2": 1.5}
+    singletons = {"A": 0.5, "B": 0.5}
+    cfg = palmed.PalmedConfig(tol=0.05)
+    out = palmed._polish(rho, 2, ["A", "B"], singletons, meas, cfg, set(), palmed._LPStats(),
+                         lambda _: None, free={"B": {0}})
+    assert out["A"] == {0: 0.5}
+    assert out["B"][1] == pytest.approx(0.5) and out["B"][0] == pytest.approx(0.5, rel=1e-6)
+    for text, m in meas.items():
+        assert palmed._predict(out, 2, parse_canonical(text)).max() == pytest.approx(m, rel=1e-6)

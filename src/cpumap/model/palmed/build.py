@@ -358,6 +358,7 @@ class Build:
                                                             for m in behaviour.values()),
                  # its size, and whether it ran (noisy measurements within the budget)
                  "joint_refit": st.refit, "wide": model.provenance.get("wide"),
+                 "wide_refit": self.lp.get("wide", {}).get("refit"),
                  "layout_sensitive": sorted(self.layout)}
         return model, stats
 
@@ -401,7 +402,7 @@ class Build:
                               for f, u in sorted(step.result.items())}}
         model.provenance["wide"]["kernels"] = self.counts.get("wide", 0)
         model.provenance["kernels"] = dict(self.counts)
-        self.lp["wide"] = {"solves": st.solves, "seconds": st.seconds}
+        self.lp["wide"] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}
         self.wall["wide"] = self.wall.get("wide", 0.0) + time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state file

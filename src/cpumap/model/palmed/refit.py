@@ -11,7 +11,7 @@ refinement stops short.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 import numpy as np
 from scipy.sparse import coo_matrix
@@ -115,7 +115,8 @@ POLISH_NEAR = 0.8
 
 def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[str],
             singletons: Mapping[str, float], meas: Measurements, cfg: PalmedConfig,
-            bad: set[frozenset[str]], stats: _LPStats, log: Log) -> dict[str, dict[int, float]]:
+            bad: set[frozenset[str]], stats: _LPStats, log: Log,
+            free: Mapping[str, Set[int]] | None = None) -> dict[str, dict[int, float]]:
     """Noisy measurements: one joint LP over every form's uses and every measured kernel.
 
     Why: the per-form LPs fix every other form's uses, so each form absorbs the errors of the
@@ -132,6 +133,8 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
       * tightness: sum_f sigma(k, f) rho[f, d(k)] + e-[k] - e+[k] = M(k);
       * soft upper bounds: sum_f sigma(k, f) rho[f, r] <= M(k) (1 + tol) + u[k], r != d(k).
     Objective: min sum_k (e+[k] + e-[k] + SOFT_UPPER u[k]) / M(k) + 1e-6 sum rho / t_ref.
+    ``free`` (form -> resources): only those uses move, the others keep their value in
+    ``rho`` (the wide stage's refit, whose kernels say nothing of a use the mode left alone).
     The current model is a feasible point, so the refit never fits the measurements worse.
     The upper bounds join by a cutting plane (``POLISH_NEAR``): the LP's solution is the
     optimum of all of them, without building the rows that no solution comes near.
@@ -201,6 +204,13 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
             for r, v in uses.items():
                 if r < n_res:
                     x0[fidx[f] * n_res + r] = v
+    lower, upper = np.zeros(nv), np.full(nv, np.inf)
+    if free is not None:
+        pinned = np.ones(nv_rho, dtype=bool)
+        for f, rs in free.items():
+            if f in fidx:
+                pinned[[fidx[f] * n_res + r for r in rs if r < n_res]] = False
+        lower[:nv_rho][pinned] = upper[:nv_rho][pinned] = x0[pinned]
     # a cutting plane: the upper bounds the current model comes near first, then those the
     # solution breaks, until it breaks none; it then solves the LP of all the bounds (one per
     # kernel and resource: 5 million rows, 9.7 GB and no solution after 30 min for 2,837
@@ -224,8 +234,7 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
         # kernels, 11 resources) 9.3 s an LP against 27.4 s for the dual simplex, the same
         # optimum; the native full profile (about 190,000 kernels, 30 resources) ran the dual
         # simplex 35 min without an answer
-        x = _solve(c, a_ub, bound[jj], a_eq, cycles, np.full(nv, np.inf), stats,
-                   method="highs-ipm")
+        x = _solve(c, a_ub, bound[jj], a_eq, cycles, upper, stats, lower, method="highs-ipm")
         slack = bound[:, None] + x[nv_rho + 2 * nk:][:, None]
         add = (loads(x) > slack * (1 + 1e-9)) & ~active
         add[np.arange(nk), designated] = False
