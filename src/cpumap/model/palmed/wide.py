@@ -341,6 +341,7 @@ def _refit_mode(rho: dict[str, dict[int, float]], n_res: int, met: Mapping[str, 
         for f, n in k.items():
             rep = rep_of.get(f, f)
             kk[rep] = kk.get(rep, 0) + n
+        # the first measurement found of a kernel, its own or a member's, stands for it
         if set(kk) <= known:
             sub.setdefault(_text(kk), m)
     forms = sorted(known)
