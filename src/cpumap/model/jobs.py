@@ -395,8 +395,7 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              "not measured again)",
              f"- joint refit: {refit_line(stats.get('joint_refit'))}",
              f"- 512-bit mode: {wide_line(stats.get('wide'))}",
-             f"- joint refit of the wide uses (kernels holding a 512-bit form): "
-             f"{refit_line(stats.get('wide_refit'))}",
+             f"- joint refit of the wide uses: {refit_line(stats.get('wide_refit'))}",
              f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
              f"{sorted(stats.get('not_modelled', {}))}",
              f"- forms modelled approximately (dependence chains, on a resource of their own"
