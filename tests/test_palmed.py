@@ -350,15 +350,28 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     kept = palmed._polish(rho, 3, forms, singletons, {**meas, "A B": 3.0}, cfg, bad,
                           stats, lambda _: None)
     assert palmed._predict(kept, 3, {"A": 1, "B": 1}).max() == pytest.approx(0.5)
-    # above the size budget the per-form fits stay the model, and the statistics say so
-    small = palmed.PalmedConfig(tol=0.05, refit_max_bounds=2 * len(meas) - 1)
-    skipped = palmed._LPStats()
-    same = palmed._polish(rho, 3, forms, singletons, meas, small, set(), skipped,
-                          lambda _: None)
-    assert same == rho and skipped.solves == 0
-    assert skipped.refit == {"kernels": len(meas), "resources": 3,
-                             "candidate_bounds": 2 * len(meas),
-                             "max_bounds": 2 * len(meas) - 1, "done": False}
+    # above the size budget (9 bounds: 4 kernels of 2 upper bounds): a sample of the 3
+    # singletons and the mix first in the order of a hash of their text ("A*2 B") is
+    # refitted exactly; D, in no kernel of the sample (its one kernel is "A D"), keeps its
+    # uses instead of losing them to the objective
+    small = palmed.PalmedConfig(tol=0.05, refit_max_bounds=9)
+    sampled = palmed._LPStats()
+    rho_d = {**rho, "D": {2: 0.3}}
+    meas_d = {**meas, "A D": 0.6}
+    forms_d = [*forms, "D"]
+    from cpumap.model.palmed.kernels import _text
+    from cpumap.model.palmed.refit import _within_budget
+    kept = _within_budget([(parse_canonical(t), m, 0) for t, m in meas_d.items()], 4)
+    texts = {_text(k) for k, _, _ in kept}
+    assert texts == {"A", "B", "C", "A*2 B"}
+    out = palmed._polish(rho_d, 3, forms_d, {**singletons, "D": 0.3}, meas_d, small, set(),
+                         sampled, lambda _: None)
+    assert sampled.refit is not None and sampled.refit["done"]
+    assert sampled.refit["kernels"] == len(meas_d) and sampled.refit["sampled"] == 4
+    assert out["D"] == pytest.approx({2: 0.3})
+    for text in texts:
+        assert palmed._predict(out, 3, parse_canonical(text)).max() == \
+            pytest.approx(meas_d[text], rel=1e-6)
 
 
 def test_behaviour_classes_group_alike_forms_only() -> None:

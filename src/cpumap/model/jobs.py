@@ -374,11 +374,11 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
             return "not run (exact measurements, or nothing to refit)"
         size = (f"{r['kernels']} kernels x {r['resources'] - 1} resources = "
                 f"{r['candidate_bounds']} candidate upper bounds")
-        if not r["done"]:
-            return (f"skipped: {size}, above refit_max_bounds {r['max_bounds']}; the model is "
-                    "the per-form fits (docs/model.md)")
-        return (f"{size} ({r['bounds_used']} used, {r['lps']} LP(s)); RMS relative misfit "
-                f"{r['misfit_before']:.2%} -> {r['misfit_after']:.2%}")
+        size += (f", above refit_max_bounds {r['max_bounds']}: on a sample of {r['sampled']} "
+                 "kernels") if "sampled" in r else ""
+        return f"not run: {size}" if not r["done"] else (
+            f"{size} ({r['bounds_used']} used, {r['lps']} LP(s)); RMS relative misfit "
+            f"{r['misfit_before']:.2%} -> {r['misfit_after']:.2%}")
 
     lines = [f"# Resource model of {machine_id}", "",
              f"- forms modelled: {stats.get('n_forms')} (pairs measured among "
