@@ -157,16 +157,14 @@ def test_model_report_lists_resources_with_labels() -> None:
     lines = jobs.resource_table(MODEL)
     assert "| p01 | ADDSS: 2 per cycle | 2 | 1 |" in lines
     assert "| p1 | BSR: 1 per cycle | 1 | 1 |" in lines
-    report = jobs.validation_report({"kernels": 0, "rms_rel_error_ipc": float("nan"),
-                                     "mape_ipc": float("nan"), "kendall_tau": float("nan")},
-                                    {}, "m", 0, model=MODEL)
+    nan = {"kernels": 0, "rms_rel_error_ipc": float("nan"), "mape_ipc": float("nan"),
+           "kendall_tau": float("nan")}
+    report = jobs.validation_report(nan, {}, "m", 0, model=MODEL)
     assert "## Resources" in report and "| p1 | BSR: 1 per cycle | 1 | 1 |" in report
     # a refit over its budget says it ran on a sample, and how large
     refit = {"kernels": 10, "resources": 3, "candidate_bounds": 20, "max_bounds": 9,
              "sampled": 4, "done": True, "bounds_used": 5, "lps": 1, "misfit_before": 0.1,
              "misfit_after": 0.05}
-    nan = {"kernels": 0, "rms_rel_error_ipc": float("nan"), "mape_ipc": float("nan"),
-           "kendall_tau": float("nan")}
     report = jobs.validation_report(nan, {"joint_refit": refit}, "m", 0)
     assert ("- joint refit: 10 kernels x 2 resources = 20 candidate upper bounds, above "
             "refit_max_bounds 9: on a sample of 4 kernels (5 used, 1 LP(s)); RMS relative "
