@@ -19,8 +19,11 @@ that hold no 512-bit form of their own.
 1. **Probe** (``probe``, right after the singletons): each narrow vector form among the pair
    candidates beside the carrier, the form ``CARRIER_SHARE`` times the carrier's time
    (``mode_singleton``). A resource model says that kernel takes at most the two parts in
-   sequence; slower by more than ``MODE_TOLS`` tol is the mode. None: nothing more is done
-   (Zen 4 double-pumps its 512-bit μops on the same units). One kernel per probe.
+   sequence; slower by more than ``MODE_TOLS`` tol is the mode. None: nothing more is done.
+   One kernel per probe. Zen 4 has a mode of its own: legacy-SSE forms run at half speed
+   while 512-bit μops execute (``MULSD xmm`` 2 a cycle alone, 1 beside ``VPADDQ zmm``; the
+   VEX ``VMULSD`` keeps 2), seen only with a carrier that executes (``transition.carriers``
+   leaves out register moves, which renaming removes).
 2. Where the mode is seen, **the plain stages never mix** 512-bit and narrower vector forms
    in a kernel (``transition.mixes_512``; ``Build`` keeps them apart as it does the SSE/AVX
    families): the plain model is then the host outside the mode.
