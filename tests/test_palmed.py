@@ -209,6 +209,32 @@ def test_interacting_pairs_come_from_measured_balanced_pairs_only() -> None:
     assert palmed.interacting_pairs({"A": 1.0, "C": 1.0}, meas, tol=0.02) == set()
 
 
+def test_non_additive_forms_are_those_whose_kernels_exceed_their_parts_in_sequence() -> None:
+    """A form is non-additive where at least a tenth of its kernels beside other forms (and
+    at least 3) take longer than their forms one after the other (by 2 tol): N, as a
+    non-temporal store. S's only slow kernel is beside N: set aside with N's kernels, S stays.
+    A kernel ``apart`` (the 512-bit mode's) counts for nothing."""
+    from cpumap.model.palmed.kernels import non_additive
+    t = {"A": 1.0, "B": 0.5, "C": 1.0, "N": 10.0, "S": 1.0}
+    meas = {canonical({"A": 1, "N": 1}): 11.0 * 1.5,      # slow: beyond 11 x 1.04
+            canonical({"B": 2, "N": 1}): 11.0 * 1.2,
+            canonical({"C": 1, "N": 1}): 11.0 * 1.05,     # slow
+            canonical({"N": 1, "S": 1}): 11.0 * 1.3,      # slow, and S's only slow kernel
+            canonical({"A": 1, "N": 2}): 21.0 * 0.9,      # within: a resource model's
+            canonical({"A": 1, "S": 1}): 1.5, canonical({"B": 2, "S": 1}): 2.0,
+            canonical({"C": 1, "S": 3}): 4.0, canonical({"A": 1, "B": 1, "C": 1}): 2.0,
+            canonical({"A": 1, "C": 1}): float("nan")}
+    for k in range(1, 31):  # A, B, C with many more additive kernels
+        meas[canonical({"A": k, "B": 1})] = float(k)
+    assert non_additive(t, meas, tol=0.02) == {"N": (4, 5)}
+    # two of N's slow kernels set apart: 2 left, fewer than 3
+    apart = {canonical({"A": 1, "N": 1}), canonical({"B": 2, "N": 1})}
+    assert non_additive(t, meas, 0.02, lambda k: canonical(k) in apart) == {}
+    # looser tolerances: 1.05 x is within 1 + 2 x 0.05 (3 of 5 slow), 1.2 x within 1 + 2 x 0.1
+    assert non_additive(t, meas, tol=0.05) == {"N": (3, 5)}
+    assert non_additive(t, meas, tol=0.1) == {}
+
+
 def test_interacting_pair_stays_out_of_the_model(tmp_path) -> None:
     """A pair of forms that is slower together than in sequence (a dependence that the
     generated code creates between them, as legacy-SSE and 512-bit forms on Zen 4) defines no

@@ -396,17 +396,18 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"- joint refit: {refit_line(stats.get('joint_refit'))}",
              f"- 512-bit mode: {wide_line(stats.get('wide'))}",
              f"- joint refit of the wide uses: {refit_line(stats.get('wide_refit'))}",
-             f"- forms not modelled: {len(stats.get('not_modelled', {}))} "
-             f"{sorted(stats.get('not_modelled', {}))}",
+             f"- forms not modelled: {len(nm := stats.get('not_modelled', {}))} {sorted(nm)}",
              f"- forms modelled approximately (dependence chains, on a resource of their own"
              f" sized by their measured cycles; LEAVE as its parts): "
              f"{len(stats.get('approximate', {}))} "
              f"{sorted(stats.get('approximate', {}))}",
              f"- forms modelled approximately because their time depends on the code layout "
-             f"(measured alone at 1, 24, 56, 40 and 88 copies a kernel instance: "
-             f"`provenance.layout_sensitive`; no resource defined by them; predicted from the "
-             f"singleton, flagged): {len(stats.get('layout_sensitive', []))} "
-             f"{stats.get('layout_sensitive', [])}",
+             f"(measured alone at 1, 24, 56, 40 and 88 copies a kernel instance; no resource "
+             f"defined by them; predicted from the singleton, flagged): "
+             f"{len(stats.get('layout_sensitive', []))} {stats.get('layout_sensitive', [])}",
+             f"- forms modelled approximately because at least 10 % of their kernels beside other"
+             f" forms took longer than their parts in sequence (flagged): "
+             f"{len(na := stats.get('non_additive', {}))} {sorted(na)}",
              f"- seconds of the Palmed jobs: {fmt_s(stats.get('wall_seconds', {}).get('total'))}"
              " (" + ", ".join(f"{k} {v:.2f}" for k, v in stats.get("job_seconds", {}).items())
              + "; batch measuring jobs not included)",
@@ -451,9 +452,8 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
         how = ("predicted with the wide uses (`wide` in model.json)" if model is not None
                and model.wide else "predicted with the plain uses: the build saw no mode")
         lines += [f"Kernels holding a 512-bit vector form beside narrower vector forms "
-                  f"(`mixes_512` in validation.tsv; on Intel cores port 1 takes no vector "
-                  f"μops while 512-bit ones are in flight; {how}): "
-                  f"{w['kernels']}, RMS relative error of IPC "
+                  f"(`mixes_512` in validation.tsv; the host's 512-bit mode: docs/model.md; "
+                  f"{how}): {w['kernels']}, RMS relative error of IPC "
                   f"{fmt(w['rms_rel_error_ipc'])}, Kendall's tau {fmt(w['kendall_tau'])}; "
                   f"the {o['kernels']} others: {fmt(o['rms_rel_error_ipc'])}, "
                   f"tau {fmt(o['kendall_tau'])}.", ""]

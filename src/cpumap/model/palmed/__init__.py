@@ -70,7 +70,8 @@ The model predicts ``max_r sum_i sigma(K, i) rho(i, r)`` (``cpumap.model.resmode
 
 Kernels that no resource model explains (pairs slower together than in sequence, kernels
 slower than the sum of their parts) are left out of every LP: why, and what they did on Zen 4,
-in ``kernels``.
+in ``kernels``. A form with many such kernels (non-temporal stores, cache-line flushes, LFENCE
+on Zen 4: ``kernels.non_additive``) is modelled approximately and flagged.
 
 Every kernel is *built* from construction times (a resource's defining kernel comes with the
 measured time it was derived from, SK^s takes s times that), never from a measurement of the

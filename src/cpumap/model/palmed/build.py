@@ -48,6 +48,8 @@ from cpumap.model.palmed.kernels import (
     Basic,
     _text,
     interacting_pairs,
+    non_additive,
+    non_additive_note,
     pair_candidates,
     select_basic,
     select_pairs,
@@ -316,6 +318,9 @@ class Build:
         self._finish("remaining", t0)
 
         core, basic, singletons = self.core, self.basic, self.singletons
+        modal = self.wide_mode.get("observed")  # the 512-bit mode's kernels: not singletons'
+        odd = non_additive(singletons, self.meas, self.config.tol,
+                           (lambda k: transition.mixes_512(k, self.widths)) if modal else None)
         names = [f"R{r:02d}" for r in range(len(defining))]
         rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())}
                for f in self.forms}
@@ -337,7 +342,8 @@ class Build:
                                                                       saturating, strict=True))},
                 "kernels": dict(self.counts),
                 "layout_sensitive": _layout_json(self.layout),
-                "approximate": {f: layout_note(u) for f, u in sorted(self.layout.items())},
+                "approximate": {f: non_additive_note(*n) for f, n in sorted(odd.items())}
+                | {f: layout_note(u) for f, u in sorted(self.layout.items())},
                 # pairs slower together than in sequence: kernels holding one are outside
                 # what a resource model can predict (predictions for them are flagged)
                 "interacting": sorted(sorted(p) for p in interacting_pairs(
@@ -359,7 +365,8 @@ class Build:
                  # its size, and whether it ran (noisy measurements within the budget)
                  "joint_refit": st.refit, "wide": model.provenance.get("wide"),
                  "wide_refit": self.lp.get("wide", {}).get("refit"),
-                 "layout_sensitive": sorted(self.layout)}
+                 "layout_sensitive": sorted(self.layout),
+                 "non_additive": {f: list(n) for f, n in sorted(odd.items())}}
         return model, stats
 
     def wide(self, model: ResourceModel, measure: Measure, t_plain: Sequence[float],

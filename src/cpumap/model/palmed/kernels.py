@@ -29,7 +29,8 @@ cycles with disjoint write pools too): that one is the hardware's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence, Set
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -250,6 +251,55 @@ def _resource_like(k: Mapping[str, int], m: float, singletons: Mapping[str, floa
     if not all(f in singletons for f in k):
         return True
     return m <= (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items()) + 1e-12
+
+
+#: A form is *non-additive* where at least this share of the measured kernels holding it beside
+#: other forms are super-additive (``_resource_like``), and at least ``NON_ADDITIVE_MIN`` are.
+NON_ADDITIVE_SHARE = 0.1
+NON_ADDITIVE_MIN = 3
+
+
+def non_additive(singletons: Mapping[str, float], meas: Measurements, tol: float,
+                 apart: Callable[[Kernel], bool] | None = None) -> dict[str, tuple[int, int]]:
+    """Forms whose kernels are often slower than their forms in sequence -> (such kernels,
+    kernels): outside what a resource model can say, so their predictions are approximate.
+
+    On Zen 4 the non-temporal stores and the cache-line flushes (CLFLUSH, CLWB: they write to
+    memory, not to L1) made 20-65 % of their kernels super-additive, LFENCE 15-18 %, every
+    other form of the full profile at most a few % once those are set aside. A slow kernel
+    blames every form in it, so forms are taken greedily, the largest share first, and its
+    kernels set aside: a store beside a CLFLUSH is not condemned for the flush's time.
+    ``apart``: kernels left out of the count (those of the 512-bit mode, whose forms' times
+    beside a 512-bit form are not their singletons)."""
+    limit = 1 + SUPERADD_TOLS * tol
+    kernels: list[tuple[frozenset[str], bool]] = []
+    for text, m in meas.items():
+        if " " not in text or not (m > 0 and math.isfinite(m)):
+            continue
+        k = parse_canonical(text)
+        if len(k) < 2 or not all(singletons.get(f, 0) > 0 for f in k) or (apart and apart(k)):
+            continue
+        kernels.append((frozenset(k), m > limit * sum(n * singletons[f] for f, n in k.items())))
+    out: dict[str, tuple[int, int]] = {}
+    while True:
+        total: Counter[str] = Counter()
+        slow: Counter[str] = Counter()
+        for forms, is_slow in kernels:
+            total.update(forms)
+            if is_slow:
+                slow.update(forms)
+        share, form = max(((n / total[f], f) for f, n in slow.items()
+                           if n >= NON_ADDITIVE_MIN), default=(0.0, ""))
+        if share < NON_ADDITIVE_SHARE:
+            return out
+        out[form] = (slow[form], total[form])
+        kernels = [(forms, is_slow) for forms, is_slow in kernels if form not in forms]
+
+
+def non_additive_note(slow: int, total: int) -> str:
+    """Why a non-additive form is approximate."""
+    return (f"slower than its parts in sequence in {slow} of its {total} measured kernels "
+            "beside other forms (no resource model is): predicted from its uses, approximately")
 
 
 def _ok(meas: Measurements, text: str) -> bool:
