@@ -11,10 +11,10 @@ with the mode: 42 resources for 15 forms, 9.7 % RMS on kernels without a 512-bit
 
 So the model gets a second set of uses, its *wide* uses, that predictions take in a kernel
 holding a 512-bit form (``ResourceModel.wide``), measured against the plain model's own
-resources with a *carrier*: the fastest register-only 512-bit form (a memory one adds a load
-to every kernel: on the Sapphire Rapids-class guest ``VMOVUPD zmm, m512`` as carrier left the
-mixed held-out kernels at 24 % RMS, ``VPADDQ zmm`` brought them to 12 %), added once to kernels
-that hold no 512-bit form of their own.
+resources with a *carrier*: the fastest register-only 512-bit form but moves (a memory one
+adds a load to every kernel: on the Sapphire Rapids-class guest ``VMOVUPD zmm, m512`` as
+carrier left the mixed held-out kernels at 24 % RMS, ``VPADDQ zmm`` brought them to 12 %),
+added once to kernels that hold no 512-bit form of their own.
 
 1. **Probe** (``probe``, right after the singletons): each narrow vector form among the pair
    candidates beside the carrier, the form ``CARRIER_SHARE`` times the carrier's time
