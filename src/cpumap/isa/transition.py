@@ -74,9 +74,8 @@ def carriers(forms: Any) -> list[str]:
     kernel it measures; a move may be eliminated at renaming, and then no 512-bit μop is in
     flight: on Zen 4 ``MULSD xmm`` x 16 took 8.0 cycles beside two ``VMOVAPD zmm, zmm`` (6
     a cycle, renamed away), as alone, and 16.1 beside two ``VPADDQ zmm``."""
-    kinds = forms["category"] if "category" in forms else [""] * len(forms["name"])
     return sorted(str(name) for name, ops, kind
-                  in zip(forms["name"], forms["operands"], kinds, strict=True)
+                  in zip(forms["name"], forms["operands"], forms["category"], strict=True)
                   if vector_length(ops) >= WIDE_BITS and kind != "move"
                   and all(o.get("kind") != "mem" for o in operands(ops)))
 

@@ -26,7 +26,7 @@ from cpumap.isa import transition
 from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
 from cpumap.model import resmodel, validation
-from cpumap.model.palmed import PalmedConfig
+from cpumap.model.palmed import NON_ADDITIVE_SHARE, PalmedConfig
 from cpumap.model.palmed.build import Build
 from cpumap.store import db, files
 
@@ -399,14 +399,14 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"- forms not modelled: {len(nm := stats.get('not_modelled', {}))} {sorted(nm)}",
              f"- forms modelled approximately (dependence chains, on a resource of their own"
              f" sized by their measured cycles; LEAVE as its parts): "
-             f"{len(stats.get('approximate', {}))} "
-             f"{sorted(stats.get('approximate', {}))}",
+             f"{len(ap := stats.get('approximate', {}))} {sorted(ap)}",
              f"- forms modelled approximately because their time depends on the code layout "
              f"(measured alone at 1, 24, 56, 40 and 88 copies a kernel instance; no resource "
              f"defined by them; predicted from the singleton, flagged): "
              f"{len(stats.get('layout_sensitive', []))} {stats.get('layout_sensitive', [])}",
-             f"- forms modelled approximately because at least 10 % of their kernels beside other"
-             f" forms took longer than their parts in sequence (flagged): "
+             f"- forms modelled approximately because at least {NON_ADDITIVE_SHARE * 100:g} %"
+             f" of their kernels beside other forms took longer than their parts in sequence"
+             f" (flagged): "
              f"{len(na := stats.get('non_additive', {}))} {sorted(na)}",
              f"- seconds of the Palmed jobs: {fmt_s(stats.get('wall_seconds', {}).get('total'))}"
              " (" + ", ".join(f"{k} {v:.2f}" for k, v in stats.get("job_seconds", {}).items())

@@ -105,6 +105,7 @@ from cpumap.model.palmed.config import PalmedConfig
 from cpumap.model.palmed.core import Core, Step, fit_core
 from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
 from cpumap.model.palmed.kernels import (
+    NON_ADDITIVE_SHARE,
     Basic,
     balanced,
     interacting_pairs,
@@ -120,6 +121,7 @@ from cpumap.model.palmed.refit import _polish as _polish
 from cpumap.model.palmed.remaining import fit_remaining
 
 __all__ = [
+    "NON_ADDITIVE_SHARE",
     "Basic",
     "Build",
     "Core",

@@ -250,7 +250,13 @@ def _resource_like(k: Mapping[str, int], m: float, singletons: Mapping[str, floa
         return False
     if not all(f in singletons for f in k):
         return True
-    return m <= (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items()) + 1e-12
+    return m <= _additive_bound(k, singletons, tol) + 1e-12
+
+
+def _additive_bound(k: Mapping[str, int], singletons: Mapping[str, float], tol: float) -> float:
+    """(1 + ``SUPERADD_TOLS`` tol) times the kernel's forms in sequence: a kernel slower than
+    that is *super-additive*, more than any resource model predicts."""
+    return (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items())
 
 
 #: A form is *non-additive* where at least this share of the measured kernels holding it beside
@@ -271,28 +277,33 @@ def non_additive(singletons: Mapping[str, float], meas: Measurements, tol: float
     kernels set aside: a store beside a CLFLUSH is not condemned for the flush's time.
     ``apart``: kernels left out of the count (those of the 512-bit mode, whose forms' times
     beside a 512-bit form are not their singletons)."""
-    limit = 1 + SUPERADD_TOLS * tol
     kernels: list[tuple[frozenset[str], bool]] = []
+    total: Counter[str] = Counter()
+    slow: Counter[str] = Counter()
     for text, m in meas.items():
         if " " not in text or not (m > 0 and math.isfinite(m)):
             continue
         k = parse_canonical(text)
         if len(k) < 2 or not all(singletons.get(f, 0) > 0 for f in k) or (apart and apart(k)):
             continue
-        kernels.append((frozenset(k), m > limit * sum(n * singletons[f] for f, n in k.items())))
+        forms, is_slow = frozenset(k), m > _additive_bound(k, singletons, tol)
+        kernels.append((forms, is_slow))
+        total.update(forms)  # kernels, not copies: a form counts once a kernel
+        if is_slow:
+            slow.update(forms)
     out: dict[str, tuple[int, int]] = {}
     while True:
-        total: Counter[str] = Counter()
-        slow: Counter[str] = Counter()
-        for forms, is_slow in kernels:
-            total.update(forms)
-            if is_slow:
-                slow.update(forms)
         share, form = max(((n / total[f], f) for f, n in slow.items()
                            if n >= NON_ADDITIVE_MIN), default=(0.0, ""))
         if share < NON_ADDITIVE_SHARE:
             return out
         out[form] = (slow[form], total[form])
+        # its kernels set aside: the counts of every form in them go down
+        for forms, is_slow in kernels:
+            if form in forms:
+                total.subtract(forms)
+                if is_slow:
+                    slow.subtract(forms)
         kernels = [(forms, is_slow) for forms, is_slow in kernels if form not in forms]
 
 
