@@ -282,6 +282,13 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
                 cands.append(key)
                 if worst is None or key[:2] < (worst[0], worst[1]):
                     worst = (key[0], key[1], k)
+        empty = _empty_resources(rho, defining, meas, cfg.tol)
+        if empty:
+            for r in sorted(empty, reverse=True):
+                log(f"core: resource from {_text(defining[r][0])} dropped: no basic form uses "
+                    "it (another resource explains its defining kernel)")
+                del defining[r]
+            continue
         if worst is None or len(defining) >= cfg.core_cap:
             log(f"core: {len(defining)} resources over {len(bas)} basic instructions")
             core = Core(basic=bas, defining=[d for d, _ in defining], rho=rho, tests=test_texts,
@@ -301,6 +308,29 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
                 f"(under-predicted by {-gap:.1%})")
             defining.append(_source_time(k, meas))
             added += 1
+
+
+def _empty_resources(rho: Mapping[str, Mapping[int, float]],
+                     defining: Sequence[tuple[Kernel, float]], meas: Measurements,
+                     tol: float) -> list[int]:
+    """Resources the fit left (almost) empty, whose defining kernel the others explain.
+
+    A batch of the cutting plane can define two resources for one unit (Zen 4: MULSD and
+    VMULPD ymm, both the FP multipliers, in the same round); the LP then gives every use to
+    one and leaves the other empty. An empty resource is worse than none: the later stages
+    attribute each form's slowdown of its saturating kernel to it, a use no basic form shares
+    (on the Zen 4 full profile, AES beside VPMINUW ymm predicted 46 % too slow through it).
+    Only a kernel the remaining resources explain within twice the tolerance is let go, the
+    bar the cutting plane uses, so it is never defined again.
+    """
+    n_res = len(defining)
+    out = []
+    for r, (d, t) in enumerate(defining):
+        m = meas.get(_text(d), t)
+        load = _predict(rho, n_res, d)
+        if load[r] <= tol * m and np.delete(load, r).max(initial=0.0) >= (1 - 2 * tol) * m:
+            out.append(r)
+    return out
 
 
 def _fit_core_rho(bas: list[str], rows: list[_Row], fixed: list[int | None], n_res: int,
