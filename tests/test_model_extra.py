@@ -25,7 +25,7 @@ def test_dependence_chain_forms_join_the_model_as_approximations():
     """MUL's and ADC's chains: each on a resource of its own, sized by its measured cycles,
     named in provenance.approximate and flagged in predictions; a form that did not
     measure stays not modelled; other left-out forms are untouched."""
-    from cpumap.model import jobs, resmodel
+    from cpumap.model import outside, resmodel
 
     model = resmodel.ResourceModel(resources=["alu"], rho={"ADD_R64_R64": {"alu": 0.25}})
     left = {"MUL_R64": "writes RAX/RDX implicitly (dependence chain)",
@@ -38,7 +38,7 @@ def test_dependence_chain_forms_join_the_model_as_approximations():
         asked.extend(kernels)
         return [{"MUL_R64": 3.0, "ADC_R64_R64": 1.0}.get(k, math.nan) for k in kernels]
 
-    out = jobs.add_chain_forms(model, left, measure, lambda _: None)
+    out = outside.add_chain_forms(model, left, measure, lambda _: None)
     assert asked == ["ADC_R64_R64", "DIV_R32", "MUL_R64"]
     assert sorted(out) == ["ADC_R64_R64", "MUL_R64"]
     assert model.rho["MUL_R64"] == {"chain:MUL_R64": 3.0}
@@ -53,16 +53,16 @@ def test_dependence_chain_forms_join_the_model_as_approximations():
 
 
 def test_leave_is_predicted_as_its_parts_and_flagged():
-    from cpumap.model import jobs, resmodel
+    from cpumap.model import outside, resmodel
 
     model = resmodel.ResourceModel(
         resources=["alu", "load"],
         rho={"MOV_R64_R64": {"alu": 0.25}, "POP_R64": {"load": 0.33, "alu": 0.1}})
-    assert sorted(jobs.add_decomposed_forms(model)) == ["LEAVE", "LEAVE_OPC9"]
+    assert sorted(outside.add_decomposed_forms(model)) == ["LEAVE", "LEAVE_OPC9"]
     assert model.rho["LEAVE"] == {"alu": 0.35, "load": 0.33}
     assert "MOV_R64_R64 + POP_R64" in model.approximate["LEAVE"]
     bare = resmodel.ResourceModel(resources=["alu"], rho={"MOV_R64_R64": {"alu": 0.25}})
-    assert jobs.add_decomposed_forms(bare) == {} and "LEAVE" not in bare.rho
+    assert outside.add_decomposed_forms(bare) == {} and "LEAVE" not in bare.rho
 
 
 def test_validation_measures_a_sample_again_for_the_run_to_run_floor():
@@ -149,3 +149,24 @@ def test_validation_reports_kernels_mixing_512_bit_and_narrower_vector_forms(cat
     assert math.isclose(wide["with"]["rms_rel_error_ipc"], 1.0)  # predicted IPC twice
     assert wide["without"]["rms_rel_error_ipc"] == 0.0
     assert "512-bit vector form beside narrower" in jobs.validation_report(metrics, {}, "m", 7)
+
+
+def test_forms_whose_kernels_are_chains_are_left_out_with_their_reason(catalogue_df):
+    """The catalogue's own operand facts decide: a fixed register read and written
+    (the accumulator forms, XCHG with EAX) chains every kernel, as do implicit registers
+    written and the flags read and written; reading a fixed register (CMP EAX,imm32) or
+    pushing (RSP, renamed by the stack engine) does not."""
+    from cpumap.model import outside
+
+    names = ["ADD_AL_I8", "XOR_RAX_I32", "XCHG_R32_EAX", "CMP_EAX_I32", "ADD_R64_I8",
+             "MUL_R64", "ADC_R64_R64", "SHL_R64_CL", "PUSH_R64"]
+    kept, left = outside.modelable(catalogue_df, names)
+    assert kept == ["CMP_EAX_I32", "ADD_R64_I8", "PUSH_R64"]
+    assert left == {
+        "ADD_AL_I8": "reads and writes AL, a fixed operand (dependence chain)",
+        "XOR_RAX_I32": "reads and writes RAX, a fixed operand (dependence chain)",
+        "XCHG_R32_EAX": "reads and writes EAX, a fixed operand (dependence chain)",
+        "MUL_R64": "writes RAX/RDX implicitly (dependence chain)",
+        "ADC_R64_R64": "reads and writes the flags (dependence chain)",
+        "SHL_R64_CL": "shift or rotate by CL: keeps the flags on a zero count (dependence chain)",
+    }

@@ -11,9 +11,7 @@ finds them all in the DB: the model is then rebuilt from the raw rows alone.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,42 +24,10 @@ from cpumap.isa import transition
 from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
 from cpumap.model import resmodel, validation
+from cpumap.model.outside import add_chain_forms, add_decomposed_forms, modelable
 from cpumap.model.palmed import NON_ADDITIVE_SHARE, PalmedConfig
 from cpumap.model.palmed.build import Build
 from cpumap.store import db, files
-
-
-def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Forms Palmed can model, and the reason for each one left out.
-
-    A resource model describes dependency-free throughput. Forms that write registers
-    implicitly (RDX:RAX of MUL and DIV, ...) or read and write the flags (ADC, RCL) form a
-    dependence chain in every kernel that contains them, so their cycles are a latency, and
-    in company they can even fault (MUL leaves RDX:RAX such that DIV overflows): they stay out.
-    """
-    info = forms.set_index("name")
-    kept, left = [], {}
-    for n in names:
-        row = info.loc[n]
-        implicit = json.loads(row.implicit) if row.implicit else []
-        # RSP of pushes and pops: the stack engine renames it, and the generator restores it
-        # around each loop body (asmgen.stack_frame): no chain
-        written = [r for r, acc in implicit if "w" in acc and r != "RSP"]
-        if written:
-            left[n] = f"writes {'/'.join(written)} implicitly (dependence chain)"
-        elif bool(row.reads_flags) and bool(row.writes_flags):
-            left[n] = "reads and writes the flags (dependence chain)"
-        elif _COUNTED_SHIFT.match(n):
-            # a count of 0 leaves the flags unchanged, so the flags output depends on the flags
-            # input (iced-x86 lists no flags read): a chain through the flags, and CMOVcc after
-            # it measured 125x slower than both forms in sequence on Zen 4
-            left[n] = "shift or rotate by CL: keeps the flags on a zero count (dependence chain)"
-        else:
-            kept.append(n)
-    return kept, left
-
-
-_COUNTED_SHIFT = re.compile(r"^(SHL|SHR|SAL|SAR|ROL|ROR|SHLD|SHRD)_.*_CL$")
 
 #: Palmed's tolerance on real hardware when ``model.tol`` is null.
 NATIVE_TOL = 0.05
@@ -255,64 +221,6 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     stats["job_seconds"] = b.info["job_seconds"]
     stats["wall_seconds"]["total"] = sum(stats["job_seconds"].values())
     return model, stats
-
-
-#: The end of ``modelable``'s reason for a form whose kernels are latency-bound chains.
-CHAIN = "(dependence chain)"
-
-
-def add_chain_forms(model: resmodel.ResourceModel, left: Mapping[str, str],
-                    measure: Callable[[list[str]], list[float]],
-                    log: Callable[[str], None]) -> dict[str, str]:
-    """Forms left out of Palmed as dependence chains (MUL/DIV's RDX:RAX, ADC's flags, shifts
-    by CL), added to the model as approximations: each on a resource of its own, used for
-    its measured singleton cycles.
-
-    In a kernel of copies of such a form every copy waits for the previous one, so its
-    singleton is a latency; a resource of that size says "one chain link per instance, in
-    parallel with everything else", right for the chain itself, blind to the ports the form
-    shares with others, and wrong where two chain forms feed each other. Hence approximate:
-    ``provenance.approximate`` names each form and why, and every prediction of a kernel
-    that holds one says so. Forms whose singleton did not measure stay not modelled.
-    """
-    chains = sorted(f for f, why in left.items() if why.endswith(CHAIN))
-    out: dict[str, str] = {}
-    if not chains:
-        return out
-    for form, cycles in zip(chains, measure(chains), strict=True):
-        if not (cycles > 0 and math.isfinite(cycles)):
-            continue
-        resource = f"chain:{form}"
-        model.resources.append(resource)
-        model.rho[form] = {resource: float(cycles)}
-        out[form] = (f"{left[form]}: predicted from its own measured cycles "
-                     f"({cycles:.3f}) on a resource of its own")
-    model.provenance["approximate"] = {**model.approximate, **out}
-    log(f"approximate (dependence chains, their measured cycles): {len(out)} forms")
-    return out
-
-
-#: Forms the harness cannot measure, predicted as the forms they do the work of (what the
-#: CPU's documentation says they decode to): LEAVE is ``mov %rbp, %rsp; pop %rbp``.
-DECOMPOSED = {"LEAVE": ("MOV_R64_R64", "POP_R64"), "LEAVE_OPC9": ("MOV_R64_R64", "POP_R64")}
-
-
-def add_decomposed_forms(model: resmodel.ResourceModel) -> dict[str, str]:
-    """Unmeasurable forms of real code (``DECOMPOSED``) whose parts the model holds: their
-    uses are the parts' summed, ``provenance.approximate`` says so. Without them a block with
-    a function epilogue could not be predicted at all."""
-    out = {}
-    for form, parts in DECOMPOSED.items():
-        if form in model.rho or not all(p in model.rho for p in parts):
-            continue
-        uses: dict[str, float] = {}
-        for part in parts:
-            for r, v in model.rho[part].items():
-                uses[r] = uses.get(r, 0.0) + v
-        model.rho[form] = uses
-        out[form] = f"not measurable here; predicted as {' + '.join(parts)}"
-    model.provenance["approximate"] = {**model.approximate, **out}
-    return out
 
 
 def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, table_path: Path,

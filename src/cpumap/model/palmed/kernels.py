@@ -21,7 +21,7 @@ times the sum of its forms' singletons, is left out of every LP and may not defi
 kernels that hold an interacting pair stay mispredicted: no resource model can predict them.
 Two of the causes were then removed where they arise: the generator gives read-modify-writes
 memory slots of their own (``asmgen`` layout 2: ADD m64,r64 + MOVSD m64,xmm now 2.0 cycles a
-pair) and shifts by CL are not modelled (``cpumap.model.jobs.modelable``); legacy-SSE forms
+pair) and shifts by CL are not modelled (``cpumap.model.outside.modelable``); legacy-SSE forms
 stay slower next to 512-bit forms whatever registers they use (ADDPD xmm 1.0 instead of 0.5
 cycles with disjoint write pools too): that one is the hardware's.
 """
