@@ -231,6 +231,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
     if need:
         return Step(need=need, state=list(state))
     defining = [(dict(k), float(t)) for k, t in state]
+    gone: set[str] = set()  # defining kernels of resources dropped in this call: never again
     bad = interacting_pairs({b: singletons[b] for b in bas}, meas, cfg.tol, cfg.max_mult)
 
     def sane(k: Kernel) -> bool:
@@ -268,7 +269,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
         # cutting plane: the most under-predicted test defines a missing resource
         worst: tuple[float, str, Kernel] | None = None
         cands: list[tuple[float, str, Kernel]] = []
-        used = {_text(_reduce(d)) for d, _ in defining}
+        used = {_text(_reduce(d)) for d, _ in defining} | gone
         for k in tests:
             if not sane(k):
                 continue
@@ -287,6 +288,7 @@ def fit_core(basic: Basic | Sequence[str], singletons: Mapping[str, float],
             for r in sorted(empty, reverse=True):
                 log(f"core: resource from {_text(defining[r][0])} dropped: no basic form uses "
                     "it (another resource explains its defining kernel)")
+                gone.add(_text(_reduce(defining[r][0])))
                 del defining[r]
             continue
         if worst is None or len(defining) >= cfg.core_cap:
