@@ -213,7 +213,8 @@ def test_non_additive_forms_are_those_whose_kernels_exceed_their_parts_in_sequen
     """A form is non-additive where at least a tenth of its kernels beside other forms (and
     at least 3) take longer than their forms one after the other (by 2 tol): N, as a
     non-temporal store. S's only slow kernel is beside N: set aside with N's kernels, S stays.
-    A kernel ``apart`` (the 512-bit mode's) counts for nothing."""
+    A kernel ``apart`` (the 512-bit mode's) counts for nothing; a behaviour-class member
+    shares its representative's verdict."""
     from cpumap.model.palmed.kernels import non_additive
     t = {"A": 1.0, "B": 0.5, "C": 1.0, "N": 10.0, "S": 1.0}
     meas = {canonical({"A": 1, "N": 1}): 11.0 * 1.5,      # slow: beyond 11 x 1.04
@@ -226,12 +227,17 @@ def test_non_additive_forms_are_those_whose_kernels_exceed_their_parts_in_sequen
             canonical({"A": 1, "C": 1}): float("nan")}
     for k in range(1, 31):  # A, B, C with many more additive kernels
         meas[canonical({"A": k, "B": 1})] = float(k)
-    assert non_additive(t, meas, tol=0.02) == {"N": (4, 5)}
+    assert non_additive(t, meas, tol=0.02) == {"N": (4, 5, "N")}
+    # a member of N's behaviour class (too few kernels of its own) takes N's verdict; a
+    # class whose representative is additive flags nothing
+    classes = {"N": ["N", "N2"], "A": ["A", "A2"]}
+    assert non_additive(t, meas, tol=0.02, classes=classes) == {"N": (4, 5, "N"),
+                                                                "N2": (4, 5, "N")}
     # two of N's slow kernels set apart: 2 left, fewer than 3
     apart = {canonical({"A": 1, "N": 1}), canonical({"B": 2, "N": 1})}
     assert non_additive(t, meas, 0.02, lambda k: canonical(k) in apart) == {}
     # looser tolerances: 1.05 x is within 1 + 2 x 0.05 (3 of 5 slow), 1.2 x within 1 + 2 x 0.1
-    assert non_additive(t, meas, tol=0.05) == {"N": (3, 5)}
+    assert non_additive(t, meas, tol=0.05) == {"N": (3, 5, "N")}
     assert non_additive(t, meas, tol=0.1) == {}
 
 

@@ -319,8 +319,8 @@ class Build:
 
         core, basic, singletons = self.core, self.basic, self.singletons
         modal = self.wide_mode.get("observed")  # the 512-bit mode's kernels: not singletons'
-        odd = non_additive(singletons, self.meas, self.config.tol,
-                           (lambda k: transition.mixes_512(k, self.widths)) if modal else None)
+        odd = non_additive(singletons, self.meas, self.config.tol, (lambda k: transition.mixes_512(
+            k, self.widths)) if modal else None, classes=behaviour)
         names = [f"R{r:02d}" for r in range(len(defining))]
         rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())}
                for f in self.forms}
@@ -342,7 +342,7 @@ class Build:
                                                                       saturating, strict=True))},
                 "kernels": dict(self.counts),
                 "layout_sensitive": _layout_json(self.layout),
-                "approximate": {f: non_additive_note(*n) for f, n in sorted(odd.items())}
+                "approximate": {f: non_additive_note(f, *n) for f, n in sorted(odd.items())}
                 | {f: layout_note(u) for f, u in sorted(self.layout.items())},
                 # pairs slower together than in sequence: kernels holding one are outside
                 # what a resource model can predict (predictions for them are flagged)

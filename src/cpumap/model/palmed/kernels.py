@@ -266,9 +266,12 @@ NON_ADDITIVE_MIN = 3
 
 
 def non_additive(singletons: Mapping[str, float], meas: Measurements, tol: float,
-                 apart: Callable[[Kernel], bool] | None = None) -> dict[str, tuple[int, int]]:
+                 apart: Callable[[Kernel], bool] | None = None,
+                 classes: Mapping[str, Sequence[str]] | None = None,
+                 ) -> dict[str, tuple[int, int, str]]:
     """Forms whose kernels are often slower than their forms in sequence -> (such kernels,
-    kernels): outside what a resource model can say, so their predictions are approximate.
+    kernels, the form they hold): outside what a resource model can say, so their
+    predictions are approximate.
 
     On Zen 4 the non-temporal stores and the cache-line flushes (CLFLUSH, CLWB: they write to
     memory, not to L1) made 20-65 % of their kernels super-additive, LFENCE 15-18 %, every
@@ -276,7 +279,11 @@ def non_additive(singletons: Mapping[str, float], meas: Measurements, tol: float
     blames every form in it, so forms are taken greedily, the largest share first, and its
     kernels set aside: a store beside a CLFLUSH is not condemned for the flush's time.
     ``apart``: kernels left out of the count (those of the 512-bit mode, whose forms' times
-    beside a 512-bit form are not their singletons)."""
+    beside a 512-bit form are not their singletons). ``classes``: representative -> members of
+    the behaviour classes; a member, measured only alone and beside one saturating kernel, has
+    too few kernels to be judged and takes its representative's verdict (on Zen 4 the YMM
+    non-temporal stores of MOVNTPD's class: one beside RDRAND and a compress store measured
+    405 cycles, predicted 210)."""
     kernels: list[tuple[frozenset[str], bool]] = []
     total: Counter[str] = Counter()
     slow: Counter[str] = Counter()
@@ -296,8 +303,11 @@ def non_additive(singletons: Mapping[str, float], meas: Measurements, tol: float
         share, form = max(((n / total[f], f) for f, n in slow.items()
                            if n >= NON_ADDITIVE_MIN), default=(0.0, ""))
         if share < NON_ADDITIVE_SHARE:
+            for rep, members in (classes or {}).items():
+                for m in members if rep in out else ():
+                    out.setdefault(m, out[rep])
             return out
-        out[form] = (slow[form], total[form])
+        out[form] = (slow[form], total[form], form)
         # its kernels set aside: the counts of every form in them go down
         for forms, is_slow in kernels:
             if form in forms:
@@ -307,9 +317,10 @@ def non_additive(singletons: Mapping[str, float], meas: Measurements, tol: float
         kernels = [(forms, is_slow) for forms, is_slow in kernels if form not in forms]
 
 
-def non_additive_note(slow: int, total: int) -> str:
-    """Why a non-additive form is approximate."""
-    return (f"slower than its parts in sequence in {slow} of its {total} measured kernels "
+def non_additive_note(form: str, slow: int, total: int, counted: str) -> str:
+    """Why a non-additive form is approximate (``counted``: the form whose kernels say so)."""
+    whose = "its" if counted == form else f"its behaviour class's ({counted})"
+    return (f"slower than its parts in sequence in {slow} of {whose} {total} measured kernels "
             "beside other forms (no resource model is): predicted from its uses, approximately")
 
 
