@@ -748,3 +748,37 @@ def test_core_drops_a_resource_its_batch_defined_twice(tol) -> None:
     assert core.defining == [{"A": 1}, {"C": 1}]
     assert core.rho == {"A": {0: pytest.approx(1.0)}, "B": {0: pytest.approx(1.0)},
                         "C": {1: pytest.approx(1.0)}}
+
+
+def test_wide_mode_covers_only_the_encodings_whose_probes_it_slows() -> None:
+    """Zen 4's kind of mode: beside a 512-bit form only the legacy-SSE forms change (here
+    VFMAX and VSHUFX); VEX forms run as alone. With the encodings the probe counts its
+    slower probes per encoding, the plain stages mix VEX and 512-bit forms as any others
+    (their sharing is plain resource sharing), only the legacy ones stay apart for the wide
+    stage; every kind of kernel is predicted as closely as when the mode covers all."""
+    m, widths = wide_mode_mapping()
+    legacy = {"VFMAX", "VSHUFX"}
+    m["wide"]["assignment"] = {f: a for f, a in m["wide"]["assignment"].items() if f in legacy}
+    sim = SimulatedMachine(mapping=m)
+    enc = {f: "LEGACY" if f in legacy else "EVEX" if widths[f] == 512 else "VEX"
+           for f in widths}
+    cfg = palmed.PalmedConfig(tol=1e-6)
+    b = Build.start(sim.forms, sim.measure, cfg, widths=widths, encodings=enc)
+    assert b.wide_mode["encodings"] == {"LEGACY": [2, 2], "VEX": [4, 0]}
+    assert b.widths == {f: w for f, w in widths.items() if f in legacy or w == 512}
+    b.pairs(sim.measure)
+    b.classes()
+    b.core_mapping(sim.measure)
+    b.mapping(sim.measure)
+    model, stats = b.remaining(sim.measure)
+    plain_stages = [t for s in ("pairs", "core", "saturating", "mapping", "refine")
+                    for t in b.asked.get(s, [])]
+    vex = {"VADDX", "VLOADX", "VADDXM", "VMULX"}
+    mixed = [set(parse_canonical(t)) for t in plain_stages
+             if 512 in {widths.get(f, 0) for f in parse_canonical(t)}]
+    assert any(k & vex for k in mixed) and not any(k & legacy for k in mixed)
+    assert legacy <= set(model.wide["rho"])
+    kinds = _kinds(held_out(sim.forms, 600, seed=3), widths)
+    for kind, kernels in kinds.items():
+        e = np.array([resmodel.predict(model, k)[0] / sim.exact(k) - 1 for k in kernels])
+        assert np.sqrt(np.mean(e ** 2)) < 0.005 and np.abs(e).max() < 0.02, kind

@@ -168,7 +168,8 @@ def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], 
     cat = job.measurer.forms
     b = Build.start(forms, job.measure, job.cfg, job.log, apart,
                     transition.vector_lengths(cat) if wide else None, transition.carriers(cat),
-                    first, transition.plain_forms(cat))
+                    first, transition.plain_forms(cat),
+                    dict(zip(cat["name"], cat["encoding"], strict=True)))
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
     if sse_avx is not None:
         b.info["sse_avx_transition"] = {
@@ -384,9 +385,12 @@ def wide_line(record: Mapping[str, Any] | None) -> str:
     if not record.get("observed"):
         return f"not seen ({record.get('reason')}; {record.get('probes', 0)} probes, " \
                f"slowest {record.get('probe_max_slowdown', 'n/a')} x their parts in sequence)"
+    by = record.get("encodings") or {}
+    per = "; per encoding (slower of probes) " + ", ".join(
+        f"{e or '?'} {s} of {n}" for e, (n, s) in sorted(by.items())) if by else ""
     return (f"seen: {record['probes_slower']} of {record['probes']} narrow vector forms "
             f"beside {record['carrier']} slower than the two in sequence (up to "
-            f"{record['probe_max_slowdown']} x); the vector forms and the others' uses of "
+            f"{record['probe_max_slowdown']} x{per}); the vector forms and the others' uses of "
             f"vector resources measured again beside it: {record.get('kernels', 0)} kernels")
 
 

@@ -58,7 +58,7 @@ from cpumap.model.palmed.kernels import (
 from cpumap.model.palmed.layout import layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
-from cpumap.model.palmed.wide import fit_wide, probe, split
+from cpumap.model.palmed.wide import fit_wide, mode_widths, probe, split
 from cpumap.model.resmodel import ResourceModel
 from cpumap.model.resmodel import predict as resmodel_predict
 from cpumap.store.files import write_json_atomic
@@ -179,12 +179,13 @@ class Build:
               log: Log = _nolog, apart: Mapping[str, str] | None = None,
               widths: Mapping[str, int] | None = None,
               carriers: Sequence[str] | None = None, first: Sequence[str] = (),
-              plain: Set[str] | None = None) -> Build:
+              plain: Set[str] | None = None, encodings: Mapping[str, str] | None = None,
+              ) -> Build:
         """Stage 1: every form alone; forms whose singleton failed are dropped. ``apart``:
         the families of forms no kernel may mix (see the field); ``widths``: the forms'
         vector lengths, for the wide probe (``palmed.wide``), run here, with a carrier among
-        ``carriers`` (None: any 512-bit form); ``first`` and ``plain``: the pair candidates'
-        order (``kernels.pair_candidates``)."""
+        ``carriers`` (None: any 512-bit form), the mode then kept to the ``encodings`` whose
+        probes it slows; ``first`` and ``plain``: the pair candidates' order."""
         t0 = time.perf_counter()
         known = set(forms)
         b = cls(config=config or PalmedConfig(), forms=sorted(known),
@@ -211,11 +212,11 @@ class Build:
         if widths is not None:
             while True:
                 need, record = probe(b.forms, b.widths, b.singletons, b.meas, b.candidates,
-                                     b.config, carriers)
+                                     b.config, carriers, encodings)
                 if record is not None:
                     break
                 b.run("wide", need, measure, log)
-            b.wide_mode = record
+            b.wide_mode, b.widths = record, mode_widths(b.widths, record, encodings)
             log(f"wide: mode {'seen' if record['observed'] else 'not seen'}: {record}")
         b._finish("singletons", t0)
         return b

@@ -23,10 +23,12 @@ added once to kernels that hold no 512-bit form of their own.
    One kernel per probe. Zen 4 has a mode of its own: legacy-SSE forms run at half speed
    while 512-bit μops execute (``MULSD xmm`` 2 a cycle alone, 1 beside ``VPADDQ zmm``; the
    VEX ``VMULSD`` keeps 2), seen only with a carrier that executes (``transition.carriers``
-   leaves out register moves, which renaming removes).
-2. Where the mode is seen, **the plain stages never mix** 512-bit and narrower vector forms
-   in a kernel (``transition.mixes_512``; ``Build`` keeps them apart as it does the SSE/AVX
-   families): the plain model is then the host outside the mode.
+   leaves out register moves, which renaming removes). The probes are counted per encoding
+   and the mode covers only the narrow forms of an encoding with a slower probe
+   (``mode_widths``: on Zen 4 the legacy ones, on Intel all).
+2. Where the mode is seen, **the plain stages never mix** 512-bit forms and the narrower
+   vector forms it covers in a kernel (``transition.mixes_512``; ``Build`` keeps them apart
+   as it does the SSE/AVX families): the plain model is then the host outside the mode.
 3. **Wide stage** (``fit_wide``, after the refinement): the mode singleton of every narrow
    vector form; every vector form against every saturating kernel with the carrier added
    (``SK^s + Z``), and every other form against those that a vector form saturates (a
@@ -108,6 +110,7 @@ def _with_carrier(sk: Mapping[str, int], wide: set[str], z: str) -> Kernel:
 def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
           meas: Measurements, probes: Sequence[str] | None = None,
           config: PalmedConfig | None = None, carriers: Sequence[str] | None = None,
+          encodings: Mapping[str, str] | None = None,
           ) -> tuple[list[str], dict[str, Any] | None]:
     """(kernels to measure, None) until the probes are measured, then ([], record): whether
     the host has the mode (``record["observed"]``), its carrier, the probes' slowdowns.
@@ -138,9 +141,38 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     record["probe_max_slowdown"] = round(max(slow.values(), default=math.nan), 4)
     record["probes_slower"] = sum(1 for v in slow.values() if v > 1 + MODE_TOLS * cfg.tol)
     record["observed"] = record["probes_slower"] > 0
+    if encodings is not None:
+        # per encoding: [probes, probes slower] (Zen 4: only the legacy-SSE ones slow)
+        by: dict[str, list[int]] = {}
+        for f, v in sorted(slow.items()):
+            n = by.setdefault(str(encodings.get(f, "")), [0, 0])
+            n[0] += 1
+            n[1] += v > 1 + MODE_TOLS * cfg.tol
+        record["encodings"] = by
     if not record["observed"]:
         record["reason"] = "no probe slower beside the carrier than in sequence"
     return [], record
+
+
+def mode_widths(widths: Mapping[str, int], record: Mapping[str, Any],
+                encodings: Mapping[str, str] | None) -> dict[str, int]:
+    """``widths`` without the narrow forms the mode leaves alone: those of an encoding whose
+    probes were all as fast beside the carrier as in sequence. The later stages take a
+    narrow form in ``widths`` for one the mode changes (``transition.mixes_512``, ``split``).
+
+    Why: on Zen 4 only the legacy-SSE probes slow down beside a 512-bit form (17 of 21; every
+    VEX and EVEX probe within 1.13 x); keeping all 3,615 narrow forms out of the plain stages'
+    kernels with 512-bit forms left the plain model blind to how VEX/EVEX forms share the
+    units its 512-bit basic forms define (``VPADDD ymm`` got its use of the four FP pipes on
+    the FP multipliers, and kernels with it beside AES or FMA forms came out 30-50 % slow).
+    An encoding no probe had stays in (the mode's, as before).
+    """
+    by = record.get("encodings")
+    if not record.get("observed") or encodings is None or by is None:
+        return dict(widths)
+    calm = {e for e, (_n, slower) in by.items() if slower == 0}
+    return {f: w for f, w in widths.items()
+            if w >= WIDE_BITS or str(encodings.get(f, "")) not in calm}
 
 
 def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
