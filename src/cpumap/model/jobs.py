@@ -37,7 +37,7 @@ NATIVE_MAX_RESOURCES = 36
 #: On real hardware: resources the core may find, and refinement resources per round. Allowed
 #: all 32 resources (Zen 4, quick set), the core used them all and the refinement could add
 #: none: dividers, which are never basic, kept uses of the FP multiplier or of a memory
-#: resource. 24 core resources leave 12 to refinement rounds of 2, each kept only if it lowers
+#: resource. 24 core resources leave 12 to refinement rounds of 2, each dropped if it raises
 #: the misfit of singletons and pairs: the first round gives VDIVPD/VSQRTPD a resource of their
 #: own. Held-out, refitted from the same database: RMS IPC error 19.4%, MAPE 12.5%, Kendall's
 #: tau 0.827 with a cap of 32 (and the singletons still forcing their uses); 18.7%, 10.2%,

@@ -85,7 +85,7 @@ resource's saturating kernel bound its use below that (``_increase_bound``: a di
 has no resource for was forced onto the FP multiplier; left unexplained, its singleton makes
 the refinement give it a resource of its own); the core adds a resource only for a gap
 above 2 tol; refinement resources only come from singletons and balanced pairs, and a
-refinement round is kept only if it lowers the misfit of singletons and pairs. Uses are still
+refinement round is dropped if it raises the misfit of singletons and pairs. Uses are still
 estimated from differences of measurements (``M(SK + i^n) - M(SK)``), which amplify relative
 noise by about ``T(SK) / (n t(i))``, and refinement rarely helps under noise, so the core must
 find the resources: hence 28 basic instructions (with 16, 8% RMS at 2% noise; with 28, 4.9%).

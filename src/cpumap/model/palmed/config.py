@@ -17,7 +17,8 @@ from typing import Any
 NOISY_TOL = 0.01
 #: Noisy per-form LPs: cost of exceeding an upper bound, relative to a tightness residual.
 SOFT_UPPER = 3.0
-#: Noisy refinement: a round must lower the misfit of singletons and pairs by this share.
+#: Noisy refinement: a round that raises the misfit of singletons and pairs by more than this
+#: share is dropped.
 REFINE_GAIN = 0.02
 #: Refinement ignores under-predictions below this share whatever tol (exact measurements: LP
 #: round-off left gaps of 1e-6, each turned into a useless resource and a measurement round).
