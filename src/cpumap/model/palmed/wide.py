@@ -24,8 +24,8 @@ added once to kernels that hold no 512-bit form of their own.
    while 512-bit μops execute (``MULSD xmm`` 2 a cycle alone, 1 beside ``VPADDQ zmm``; the
    VEX ``VMULSD`` keeps 2), seen only with a carrier that executes (``transition.carriers``
    leaves out register moves, which renaming removes). The probes are counted per encoding
-   and the mode covers only the narrow forms of an encoding with a slower probe
-   (``mode_widths``: on Zen 4 the legacy ones, on Intel all).
+   (legacy, VEX/EVEX) and the mode covers only the narrow forms of an encoding with a
+   slower probe or too few probes (``mode_widths``: on Zen 4 the legacy ones, on Intel all).
 2. Where the mode is seen, **the plain stages never mix** 512-bit forms and the narrower
    vector forms it covers in a kernel (``transition.mixes_512``; ``Build`` keeps them apart
    as it does the SSE/AVX families): the plain model is then the host outside the mode.
@@ -145,7 +145,7 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
         # per encoding: [probes, probes slower] (Zen 4: only the legacy-SSE ones slow)
         by: dict[str, list[int]] = {}
         for f, v in sorted(slow.items()):
-            n = by.setdefault(str(encodings.get(f, "")), [0, 0])
+            n = by.setdefault(_encoding_group(encodings.get(f)), [0, 0])
             n[0] += 1
             n[1] += v > 1 + MODE_TOLS * cfg.tol
         record["encodings"] = by
@@ -154,11 +154,24 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     return [], record
 
 
+#: An encoding is left out of the mode only if at least this many of its probes, none
+#: slower, say so.
+MODE_CALM_MIN = 4
+
+
+def _encoding_group(encoding: str | None) -> str:
+    """VEX and EVEX count as one: Intel's port-1 rule holds for any vector μop, and few EVEX
+    forms are among the probes (on the Sapphire Rapids-class guest 2 of 22 probes showed
+    the mode), so a calm EVEX handful must not take EVEX forms out of it."""
+    return "VEX/EVEX" if encoding in ("VEX", "EVEX") else str(encoding or "")
+
+
 def mode_widths(widths: Mapping[str, int], record: Mapping[str, Any],
                 encodings: Mapping[str, str] | None) -> dict[str, int]:
     """``widths`` without the narrow forms the mode leaves alone: those of an encoding whose
-    probes were all as fast beside the carrier as in sequence. The later stages take a
-    narrow form in ``widths`` for one the mode changes (``transition.mixes_512``, ``split``).
+    probes (``MODE_CALM_MIN`` at least) were all as fast beside the carrier as in sequence.
+    The later stages take a narrow form in ``widths`` for one the mode changes
+    (``transition.mixes_512``, ``split``).
 
     Why: on Zen 4 only the legacy-SSE probes slow down beside a 512-bit form (17 of 21; every
     VEX and EVEX probe within 1.13 x); keeping all 3,615 narrow forms out of the plain stages'
@@ -170,9 +183,9 @@ def mode_widths(widths: Mapping[str, int], record: Mapping[str, Any],
     by = record.get("encodings")
     if not record.get("observed") or encodings is None or by is None:
         return dict(widths)
-    calm = {e for e, (_n, slower) in by.items() if slower == 0}
+    calm = {e for e, (n, slower) in by.items() if slower == 0 and n >= MODE_CALM_MIN}
     return {f: w for f, w in widths.items()
-            if w >= WIDE_BITS or str(encodings.get(f, "")) not in calm}
+            if w >= WIDE_BITS or _encoding_group(encodings.get(f)) not in calm}
 
 
 def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
