@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 
 import pandas as pd
 
+from cpumap.isa import transition
 from cpumap.model import resmodel
 
 
@@ -41,7 +42,7 @@ def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[st
         # so every kernel is a chain through it (ADD_AL_I8 1 cycle alone on Zen 4, 4 a cycle
         # as ADD r8,imm8) and, as a basic instruction, it defined a "resource" that any form
         # writing RAX in the same kernel broke (measured 2x faster than predicted)
-        fixed = [o["cls"] for o in json.loads(row.operands or "[]")
+        fixed = [o["cls"] for o in transition.operands(row.operands)
                  if o.get("kind") == "fixed" and set(o.get("access", "")) >= {"r", "w"}]
         if written:
             left[n] = f"writes {'/'.join(written)} implicitly (dependence chain)"

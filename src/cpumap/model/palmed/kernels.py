@@ -304,8 +304,9 @@ def non_additive(singletons: Mapping[str, float], meas: Measurements, tol: float
                            if n >= NON_ADDITIVE_MIN), default=(0.0, ""))
         if share < NON_ADDITIVE_SHARE:
             for rep, members in (classes or {}).items():
-                for m in members if rep in out else ():
-                    out.setdefault(m, out[rep])
+                if rep in out:
+                    for m in members:
+                        out.setdefault(m, out[rep])
             return out
         out[form] = (slow[form], total[form], form)
         # its kernels set aside: the counts of every form in them go down

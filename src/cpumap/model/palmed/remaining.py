@@ -178,9 +178,8 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             # 23.09 %, better than their own models did (10.6 vs 11.7 %, 9.1 vs 13.6 % RMS).
             # Judged against the misfit of the fit that found the round, not a fit without
             # it made again: that refit differs only by the behaviour classes the round's
-            # mixes split, and took half
-            # of a native round's fitting (3 of 6.5 min on the full profile); it is made
-            # only for a dropped round, whose model is the result
+            # mixes split, and took half of a native round's fitting (3 of 6.5 min on the
+            # full profile); it is made only for a dropped round, whose model is the result
             n_prev = n_res - sum(1 for r in refined if r[2] == rounds - 1)
             prev_s = next(r[3] for r in refined if r[2] == rounds - 1)
             if now_s > prev_s * (1 + REFINE_GAIN):

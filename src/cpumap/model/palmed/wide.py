@@ -139,15 +139,16 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
             slow[f] = meas[_text(k)] / (k[f] * singletons[f] + base[z] * singletons[z])
     record["probes"] = len(slow)
     record["probe_max_slowdown"] = round(max(slow.values(), default=math.nan), 4)
-    record["probes_slower"] = sum(1 for v in slow.values() if v > 1 + MODE_TOLS * cfg.tol)
-    record["observed"] = record["probes_slower"] > 0
+    slower = {f for f, v in slow.items() if v > 1 + MODE_TOLS * cfg.tol}
+    record["probes_slower"] = len(slower)
+    record["observed"] = bool(slower)
     if encodings is not None:
         # per encoding: [probes, probes slower] (Zen 4: only the legacy-SSE ones slow)
         by: dict[str, list[int]] = {}
-        for f, v in sorted(slow.items()):
+        for f in sorted(slow):
             n = by.setdefault(_encoding_group(encodings.get(f)), [0, 0])
             n[0] += 1
-            n[1] += v > 1 + MODE_TOLS * cfg.tol
+            n[1] += f in slower
         record["encodings"] = by
     if not record["observed"]:
         record["reason"] = "no probe slower beside the carrier than in sequence"
