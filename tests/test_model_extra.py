@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from cpumap.model.jobs import listed_forms as extra_forms
 
@@ -101,6 +102,28 @@ def test_validation_measures_a_sample_again_for_the_run_to_run_floor():
     assert "measured again in a batch of their own" in report
     _, none = jobs.run_validation(model, ["A", "B", "C"], fake, 6, seed=1)
     assert "run_to_run" not in none
+
+
+def test_validation_metrics_carry_bootstrap_intervals():
+    """RMS error and Kendall's tau come with 95 % bootstrap intervals over the kernels: exact
+    predictions give a zero-width interval; one kernel 50 % off among 40 exact ones gives an
+    RMS interval from 0 (resamples without it) to above the point figure (with it twice)."""
+    from cpumap.model import jobs, validation
+
+    meas = [1.0 + 0.1 * i for i in range(41)]
+    exact = validation.metrics(pd.DataFrame({"ipc_measured": meas, "ipc_predicted": meas}))
+    assert exact["rms_rel_error_ipc_ci"] == [0.0, 0.0]
+    assert exact["kendall_tau_ci"] == pytest.approx([1.0, 1.0])
+    off = pd.DataFrame({"ipc_measured": meas, "ipc_predicted": [1.5, *meas[1:]]})
+    m = validation.metrics(off)
+    assert m["rms_rel_error_ipc"] == pytest.approx(0.5 / math.sqrt(41))
+    lo, hi = m["rms_rel_error_ipc_ci"]
+    assert lo == 0.0 and hi > m["rms_rel_error_ipc"]
+    lo, hi = m["kendall_tau_ci"]
+    assert lo < m["kendall_tau"] <= hi <= 1.0
+    assert validation.metrics(off) == m  # a fixed seed: the same interval every run
+    report = jobs.validation_report(m, {}, "m", 41)
+    assert f"(95 % bootstrap interval 0.0000-{m['rms_rel_error_ipc_ci'][1]:.4f})" in report
 
 
 def test_validation_reports_kernels_mixing_512_bit_and_narrower_vector_forms(catalogue_df):

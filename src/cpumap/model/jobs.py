@@ -275,6 +275,9 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     def fmt(v: float) -> str:
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
 
+    def ci(v: Sequence[float] | None) -> str:
+        return "" if not v else f" (95 % bootstrap interval {v[0]:.4f}-{v[1]:.4f})"
+
     def fmt_s(v: float | None) -> str:
         return "" if v is None else f"{v:.2f}"
 
@@ -341,9 +344,11 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     lines += ["", "## Held-out validation", "",
              f"{metrics['kernels']} of {count} random kernels (1-5 distinct forms) measured.", "",
              "| metric | value |", "| --- | --- |",
-             f"| RMS relative error of IPC | {fmt(metrics['rms_rel_error_ipc'])} |",
+             f"| RMS relative error of IPC | {fmt(metrics['rms_rel_error_ipc'])}"
+             f"{ci(metrics.get('rms_rel_error_ipc_ci'))} |",
              f"| MAPE of IPC | {fmt(metrics['mape_ipc'])} |",
-             f"| Kendall's tau of IPC | {fmt(metrics['kendall_tau'])} |", ""]
+             f"| Kendall's tau of IPC | {fmt(metrics['kendall_tau'])}"
+             f"{ci(metrics.get('kendall_tau_ci'))} |", ""]
     floor = metrics.get("run_to_run")
     if floor and floor.get("kernels"):
         lines += [f"The measurement's own floor: {floor['kernels']} of these kernels measured "

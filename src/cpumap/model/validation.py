@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,16 +41,41 @@ def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: in
     return list(out)
 
 
-def metrics(table: pd.DataFrame) -> dict[str, float]:
-    """Coverage-free metrics of a table with ``ipc_measured`` and ``ipc_predicted`` columns."""
+#: Bootstrap of the held-out metrics: resamples and the seed (the same interval every run).
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
+def metrics(table: pd.DataFrame) -> dict[str, Any]:
+    """Coverage-free metrics of a table with ``ipc_measured`` and ``ipc_predicted`` columns,
+    with 95 % bootstrap intervals of the RMS error and of Kendall's tau (``*_ci``).
+
+    Why intervals: the error of a few hundred random kernels is dominated by a few of them
+    (Zen 4, full profile: 7.9 % RMS and tau 0.881 on the 200 kernels of seed 1, 10.2 % and
+    0.875 on 2,000 of seed 2, same model), so a point figure alone says less than it seems.
+    """
     ok = table.dropna(subset=["ipc_measured", "ipc_predicted"])
     if ok.empty:
         return {"kernels": 0, "rms_rel_error_ipc": math.nan, "mape_ipc": math.nan,
                 "kendall_tau": math.nan}
-    rel = (ok.ipc_predicted - ok.ipc_measured) / ok.ipc_measured
-    tau = kendalltau(ok.ipc_measured, ok.ipc_predicted).statistic if len(ok) > 1 else math.nan
-    return {"kernels": int(len(ok)), "rms_rel_error_ipc": float(np.sqrt(np.mean(rel ** 2))),
-            "mape_ipc": float(np.mean(np.abs(rel))), "kendall_tau": float(tau)}
+    meas = ok.ipc_measured.to_numpy(float)
+    pred = ok.ipc_predicted.to_numpy(float)
+    rel = (pred - meas) / meas
+    out: dict[str, Any] = {"kernels": int(len(ok)),
+                           "rms_rel_error_ipc": float(np.sqrt(np.mean(rel ** 2))),
+                           "mape_ipc": float(np.mean(np.abs(rel))),
+                           "kendall_tau": float(kendalltau(meas, pred).statistic)
+                           if len(ok) > 1 else math.nan}
+    if len(ok) > 2:
+        # percentile bootstrap over kernels (paired: a kernel's measured and predicted IPC
+        # are drawn together)
+        rng = np.random.default_rng(BOOTSTRAP_SEED)
+        draws = rng.integers(0, len(ok), size=(BOOTSTRAP_RESAMPLES, len(ok)))
+        rms = np.sqrt(np.mean(rel[draws] ** 2, axis=1))
+        taus = np.array([kendalltau(meas[d], pred[d]).statistic for d in draws])
+        out["rms_rel_error_ipc_ci"] = [float(v) for v in np.percentile(rms, [2.5, 97.5])]
+        out["kendall_tau_ci"] = [float(v) for v in np.nanpercentile(taus, [2.5, 97.5])]
+    return out
 
 
 def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
