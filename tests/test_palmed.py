@@ -705,6 +705,18 @@ def test_wide_refit_moves_only_the_uses_met_beside_the_carrier(monkeypatch) -> N
         for f in others:
             for r in scalar:
                 assert model.wide["rho"][f].get(r, 0.0) == model.rho[f].get(r, 0.0), (f, r)
+        # every form's wide uses explain its own singleton (within tol and the noise)
+        for f, uses in model.wide["rho"].items():
+            assert max(uses.values()) >= 0.9 * sim.exact({f: 1}), f
+
+
+def test_wide_uses_are_raised_to_the_forms_own_time() -> None:
+    """``wide._up_to``: uses that predict the form alone under its singleton get the largest
+    raised to it, the others kept; uses that explain it are left alone; a form left with no
+    use takes its plain uses."""
+    assert palmed.wide._up_to({0: 1.7, 3: 0.9}, 3.0, 0.05, {0: 3.0}) == {0: 3.0, 3: 0.9}
+    assert palmed.wide._up_to({0: 2.9, 3: 0.9}, 3.0, 0.05, {}) == {0: 2.9, 3: 0.9}
+    assert palmed.wide._up_to({2: 0.0}, 3.0, 0.05, {1: 3.0, 2: 0.5}) == {1: 3.0, 2: 0.5}
 
 
 def test_polish_keeps_the_uses_it_is_not_free_to_move() -> None:
