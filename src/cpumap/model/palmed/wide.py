@@ -297,11 +297,12 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
         f"{len(wide)} 512-bit; {len(reps)} representatives) against {len(sat)} resources "
         f"with carrier {z}, and of {len(other)} other forms ({len(other_reps)} "
         f"representatives) against the {len(vres)} a vector form saturates")
-    # a form is never faster beside other forms than alone, but the wide LPs and refit bound
-    # a use only by the kernels in the mode (Zen 4, full profile: 188 of 5,627 forms' wide
-    # uses under their singleton, the dividers' at 1.7 of 3.0 cycles; held-out kernels
-    # mixing 512-bit and narrower forms 13.7 % -> 12.5 % RMS once raised to it)
-    fitted = {f: _up_to(u, singletons[f], cfg.tol, rho.get(f, {}))
+    # a form is never faster beside other forms than alone, nor a narrow one than beside the
+    # carrier, but the wide LPs and refit bound a use only by the kernels in the mode (Zen
+    # 4, full profile: 188 of 5,627 forms' wide uses under their singleton, the dividers' at
+    # 1.7 of 3.0 cycles; held-out kernels mixing 512-bit and narrower forms 13.7 % RMS,
+    # 12.5 % once raised to the singleton, 11.7 % to the time in the mode where larger)
+    fitted = {f: _up_to(u, max(singletons[f], t_of[f]), cfg.tol, rho.get(f, {}))
               for f, u in fitted.items()}
     return Step(need=[], result={f: {r: v for r, v in u.items() if v > 0}
                                  for f, u in fitted.items()})
