@@ -300,8 +300,8 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # a form is never faster beside other forms than alone, nor a narrow one than beside the
     # carrier, but the wide LPs and refit bound a use only by the kernels in the mode (Zen
     # 4, full profile: 188 of 5,627 forms' wide uses under their singleton, the dividers' at
-    # 1.7 of 3.0 cycles; held-out kernels mixing 512-bit and narrower forms 13.7 % RMS,
-    # 12.5 % once raised to the singleton, 11.7 % to the time in the mode where larger)
+    # 1.7 of 3.0 cycles; its 609 held-out kernels mixing 512-bit and narrower forms 13.7 %
+    # RMS, 11.9 % refitted from the same database with this floor)
     fitted = {f: _up_to(u, max(singletons[f], t_of[f]), cfg.tol, rho.get(f, {}))
               for f, u in fitted.items()}
     return Step(need=[], result={f: {r: v for r, v in u.items() if v > 0}
