@@ -169,6 +169,7 @@ rule fit_model:
         model=MODEL_JSON,
         table=f"{MDIR}/model/mapping.tsv",
         stats=f"{MDIR}/model/stats.json",
+        training=f"{MDIR}/model/training_kernels.txt",
     log:
         f"{LOGS}/fit_model.log",
     params:
@@ -194,6 +195,7 @@ rule validate_model:
         machine=MACHINE_JSON,
         harness=HARNESS_BIN,
         stats=f"{MDIR}/model/stats.json",
+        training=f"{MDIR}/model/training_kernels.txt",
     output:
         table=f"{MDIR}/model/validation.tsv",
         metrics=f"{MDIR}/model/validation.json",

@@ -17,6 +17,7 @@ from model_common import measurer_and_config
 
 from cpumap.measure import campaign, transition
 from cpumap.model import jobs
+from cpumap.store import files
 
 measurer, cfg, machine = measurer_and_config(snakemake)
 stage = snakemake.params.stage
@@ -47,8 +48,9 @@ elif stage == "remaining":
     from cpumap.model.palmed.forms import set_lp_workers
 
     set_lp_workers(snakemake.threads)  # the per-form LPs of noisy fitting passes
-    model, stats = jobs.fit_job(job, Path(inp.state))
+    model, stats, training = jobs.fit_job(job, Path(inp.state))
     jobs.write_model(model, stats, Path(out.model), Path(out.table), Path(out.stats))
+    files.write_text_atomic("".join(f"{k}\n" for k in training), Path(out.training))
     print(f"{len(model.resources)} resources; kernels per stage {stats['kernels']}")
 else:
     raise SystemExit(f"unknown Palmed stage {stage!r}")

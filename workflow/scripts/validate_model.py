@@ -30,7 +30,9 @@ forms = [f for f in model.forms if f not in model.approximate]
 count = int(snakemake.params.model["validation_kernels"])
 seed = int(snakemake.params.model["validation_seed"])
 repeat = int(snakemake.params.model.get("validation_repeat", 0))
-table, metrics = jobs.run_validation(model, forms, measurer, count, seed, repeat)
+# never one of the random kernels the joint refit was fitted to
+training = set(Path(snakemake.input.training).read_text(encoding="utf-8").splitlines())
+table, metrics = jobs.run_validation(model, forms, measurer, count, seed, repeat, training)
 with open(snakemake.input.stats, encoding="utf-8") as handle:
     stats = json.load(handle)
 files.write_tsv_atomic(table, snakemake.output.table)

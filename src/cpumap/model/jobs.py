@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,9 @@ def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedCo
         # kernels of the same throughput, so 5%
         tol = max(1e-6, 3 * noise) if noise is not None else NATIVE_TOL
     rounds = model_cfg.get("max_refine")
-    extra = {} if rounds is None else {"max_refine": int(rounds)}
+    extra: dict[str, int] = {"training_kernels": int(model_cfg.get("training_kernels", 0))}
+    if rounds is not None:
+        extra["max_refine"] = int(rounds)
     if noise is None:
         # hardware: every measurement round starts the harness bench.rounds times, and real
         # cores are not exactly resource models (memory forms), so the cutting plane would
@@ -201,9 +203,10 @@ def mapping_job(job: StageJob, state_in: Path, state_out: Path, plan: Path,
     job.save(b, state_out)
 
 
-def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict]:
+def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict, list[str]]:
     """Rule fit_model: the measured mapping kernels (from the DB), the remaining forms'
-    LPs and refinement rounds (measured here): the model and the statistics of all stages."""
+    LPs and refinement rounds (measured here): the model, the statistics of all stages and
+    the random training kernels (``palmed.kernels.training_kernels``: never held out)."""
     b = job.load(state_in)
     b.mapping(job.measure, job.log)
     model, stats = b.remaining(job.measure, job.log)
@@ -221,7 +224,7 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     stats["measured_by_job"] = b.info["measured_by_job"]
     stats["job_seconds"] = b.info["job_seconds"]
     stats["wall_seconds"]["total"] = sum(stats["job_seconds"].values())
-    return model, stats
+    return model, stats, sorted(b.asked.get("training", []))
 
 
 def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, table_path: Path,
@@ -232,14 +235,16 @@ def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, ta
 
 
 def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Measurer,
-                   count: int, seed: int, repeat: int = 0) -> tuple[pd.DataFrame, dict]:
+                   count: int, seed: int, repeat: int = 0,
+                   training: Set[str] = frozenset()) -> tuple[pd.DataFrame, dict]:
     """The held-out kernels measured and predicted (``validation.tsv``) and their metrics;
     with ``repeat``, the first ``repeat`` of them measured again in a batch of their own:
     ``run_to_run`` is the RMS relative difference of IPC between the two measurements, the
     floor that no model's error on the same kernels can be expected to go under."""
     # where the host pays for switching between legacy SSE and 256-bit AVX, the held-out
     # kernels keep them apart too: the throughput model is what is validated
-    kernels = validation.random_kernels(forms, count, seed, apart=model.sse_avx[0])
+    kernels = validation.random_kernels(forms, count, seed, apart=model.sse_avx[0],
+                                        exclude=training)
     catalogue = getattr(measurer, "forms", None)
     table = validation.validate(model, kernels,
                               lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"),

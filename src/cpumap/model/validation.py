@@ -1,16 +1,16 @@
 """Held-out validation of a resource model: random kernels, measured and predicted.
 
 The kernels are drawn independently of the ones Palmed chose (1 to 5 distinct forms with
-random multiplicities, from a fixed seed), so the errors say how the model does on kernels it
-never saw. IPC is compared rather than cycles because it is what the seed's evaluation uses:
-RMS relative error of IPC, and Kendall's tau of the IPC ranking (scipy).
+random multiplicities, from a fixed seed, none of the random kernels the joint refit was
+given), so the errors say how the model does on kernels it never saw. IPC is compared rather
+than cycles because it is what the seed's evaluation uses: RMS relative error of IPC, and
+Kendall's tau of the IPC ranking (scipy).
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -20,25 +20,18 @@ from scipy.stats import kendalltau
 from cpumap.isa import transition
 from cpumap.measure import asmgen
 from cpumap.model import resmodel
+from cpumap.model.palmed.kernels import mixed_kernels
 
 
 def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: int = 5,
-                   max_mult: int = 4, apart: Mapping[str, str] | None = None) -> list[str]:
+                   max_mult: int = 4, apart: Mapping[str, str] | None = None,
+                   exclude: Set[str] = frozenset()) -> list[str]:
     """``count`` distinct kernels (canonical texts) of 1..max_distinct forms, deterministic;
     none mixing the families of ``apart`` (``cpumap.isa.transition``: the host's SSE/AVX
-    switching penalty, which no throughput model is meant to predict)."""
-    rng = random.Random(seed)
-    pool = sorted(forms)
-    out: dict[str, None] = {}
-    attempts = 0
-    while len(out) < count and attempts < 100 * count:
-        attempts += 1
-        k = rng.randint(1, min(max_distinct, len(pool)))
-        kernel = {f: rng.randint(1, max_mult) for f in rng.sample(pool, k)}
-        if apart and transition.mixes(kernel, apart):
-            continue
-        out.setdefault(asmgen.canonical(kernel), None)
-    return list(out)
+    switching penalty, which no throughput model is meant to predict), none in ``exclude``
+    (the random kernels the model was fitted to: held out means not among them)."""
+    return mixed_kernels(forms, count, seed, 1, max_distinct, max_mult,
+                         lambda k: bool(apart) and transition.mixes(k, apart), exclude)
 
 
 #: Bootstrap of the held-out metrics: resamples and the seed (the same interval every run).

@@ -41,7 +41,7 @@ from typing import Any
 
 from cpumap.isa import transition
 from cpumap.measure.asmgen import parse_canonical
-from cpumap.model.palmed.config import PalmedConfig
+from cpumap.model.palmed.config import Kernel, PalmedConfig
 from cpumap.model.palmed.core import Core, fit_core
 from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
 from cpumap.model.palmed.kernels import (
@@ -54,6 +54,7 @@ from cpumap.model.palmed.kernels import (
     select_basic,
     select_pairs,
     singleton_kernels,
+    training_kernels,
 )
 from cpumap.model.palmed.layout import layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
@@ -121,20 +122,22 @@ class Build:
         time would be the host's switching penalty, hundreds of cycles that no resource
         explains, not their forms' throughput. Where the wide mode was seen (and ``modes``),
         also those that mix 512-bit and narrower vector forms: the wide stage's."""
-        modal = modes and bool(self.wide_mode.get("observed"))
-        if not self.apart and not modal:
+        if not self.apart and not (modes and self.wide_mode.get("observed")):
             return list(kernels)
         keep = []
         for k in kernels:
-            kernel = parse_canonical(k)
-            if transition.mixes(kernel, self.apart) or (
-                    modal and transition.mixes_512(kernel, self.widths)):
+            if self._apart(parse_canonical(k), modes):
                 if k not in self.meas:
                     self.meas[k] = math.nan
                     self.avoided.append(k)
             else:
                 keep.append(k)
         return keep
+
+    def _apart(self, kernel: Kernel, modes: bool = True) -> bool:
+        return transition.mixes(kernel, self.apart) or (
+            modes and bool(self.wide_mode.get("observed"))
+            and transition.mixes_512(kernel, self.widths))
 
     def run(self, stage: str, kernels: Sequence[str], measure: Measure, log: Log) -> None:
         """Measure the kernels of ``kernels`` not known yet, as one round of ``stage``."""
@@ -264,18 +267,23 @@ class Build:
         self.lp["core"] = {"solves": st.solves, "seconds": st.seconds}
         self._finish("core", t0)
 
-    def _mapping_sets(self) -> tuple[list[str], list[str]]:
-        """Stages 5-6: the saturating kernels, and every form against each of them."""
+    def _mapping_sets(self) -> tuple[list[str], list[str], list[str]]:
+        """Stages 5-6: the saturating kernels, and every form against each of them (and the
+        joint refit's random training kernels, measured with them)."""
         assert self.core is not None
         s = self.singletons
         saturating = select_saturating(self.core, self.meas, s, self.config)
+        steady = [f for f in self.forms if f not in self.layout and math.isfinite(s[f])
+                  and not (self.wide_mode.get("observed") and self.widths.get(f) == 512)]
+        training = training_kernels(steady, self.config, self._apart)
         return ([_text(k) for k, _ in saturating],
-                select_mapping_kernels(saturating, self.forms, s, self.meas, self.config))
+                select_mapping_kernels(saturating, self.forms, s, self.meas, self.config),
+                training)
 
     def mapping_kernels(self) -> list[str]:
         """The kernels stages 5-6 measure (those not known yet)."""
-        sat, mixes = self._mapping_sets()
-        return sorted(k for k in self._keep_apart(sorted(set(sat) | set(mixes)))
+        sat, mixes, training = self._mapping_sets()
+        return sorted(k for k in self._keep_apart(sorted({*sat, *mixes, *training}))
                       if k not in self.meas)
 
     def mapping(self, measure: Measure, log: Log = _nolog) -> None:
@@ -285,11 +293,12 @@ class Build:
         # second pass measures the lighter proportions the balanced mixes asked for
         # (select_mapping_kernels screens), none when everything is known (a rebuild)
         while True:
-            sat, mixes = self._mapping_sets()
-            if all(k in self.meas for k in [*sat, *mixes]):
+            sat, mixes, training = self._mapping_sets()
+            if all(k in self.meas for k in [*sat, *mixes, *training]):
                 break
             self.run("saturating", sat, measure, log)
             self.run("mapping", mixes, measure, log)
+            self.run("training", training, measure, log)
         self._finish("mapping", t0)
 
     def remaining(self, measure: Measure, log: Log = _nolog,

@@ -80,6 +80,8 @@ class PalmedConfig:
     # full profile's (Sapphire Rapids-class guest, 135,267 kernels x 23) took 8 min (4 LPs)
     # and brought the held-out kernels without 512-bit forms from 10.4 % to 8.3 % RMS
     refit_max_bounds: int | None = 4_000_000
+    # random kernels of 2-5 forms fitted by the joint refit (``kernels.training_kernels``)
+    training_kernels: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
@@ -89,7 +91,8 @@ class PalmedConfig:
                 "fit_rounds": self.fit_rounds, "max_kernel": self.max_kernel,
                 "seed": self.seed, "max_pair_forms": self.max_pair_forms,
                 "core_batch": self.core_batch, "max_core_resources": self.max_core_resources,
-                "screen": self.screen, "refit_max_bounds": self.refit_max_bounds}
+                "screen": self.screen, "refit_max_bounds": self.refit_max_bounds,
+                "training_kernels": self.training_kernels}
 
     @property
     def core_cap(self) -> int:
