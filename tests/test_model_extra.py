@@ -193,3 +193,27 @@ def test_forms_whose_kernels_are_chains_are_left_out_with_their_reason(catalogue
         "ADC_R64_R64": "reads and writes the flags (dependence chain)",
         "SHL_R64_CL": "shift or rotate by CL: keeps the flags on a zero count (dependence chain)",
     }
+
+
+def test_training_kernels_are_drawn_like_held_out_ones_and_never_held_out():
+    """The joint refit's random kernels: as many as asked, distinct, 2-5 forms of
+    multiplicity 1-4, none that the caller's ``skip`` refuses, the same every run, another
+    draw than the held-out kernels; and the held-out kernels never include one of them."""
+    from cpumap.measure.asmgen import parse_canonical
+    from cpumap.model import validation
+    from cpumap.model.palmed import PalmedConfig
+    from cpumap.model.palmed.kernels import training_kernels
+
+    forms = [f"F{i}" for i in range(6)]
+    cfg = PalmedConfig(training_kernels=120)
+    no_f0 = lambda k: "F0" in k  # noqa: E731
+    drawn = training_kernels(forms, cfg, no_f0)
+    assert drawn == training_kernels(forms, cfg, no_f0) and len(set(drawn)) == 120
+    for text in drawn:
+        k = parse_canonical(text)
+        assert 2 <= len(k) <= 5 and "F0" not in k and all(1 <= n <= 4 for n in k.values())
+    assert training_kernels(forms, PalmedConfig(), no_f0) == []  # the default: none
+    held = validation.random_kernels(forms, 300, seed=1)
+    assert set(held) & set(drawn)  # 6 forms: the two draws meet...
+    kept = validation.random_kernels(forms, 300, seed=1, exclude=set(drawn))
+    assert len(kept) == 300 and not set(kept) & set(drawn)  # ...and held out means not fitted

@@ -797,3 +797,31 @@ def test_wide_mode_covers_only_the_encodings_whose_probes_it_slows() -> None:
     for kind, kernels in kinds.items():
         e = np.array([resmodel.predict(model, k)[0] / sim.exact(k) - 1 for k in kernels])
         assert np.sqrt(np.mean(e ** 2)) < 0.005 and np.abs(e).max() < 0.02, kind
+
+
+def test_training_kernels_join_the_joint_refit(tmp_path) -> None:
+    """``training_kernels`` random kernels are measured as a stage of their own (listed in
+    the state, so that a later job asks for them again) and fitted by the joint refit: its
+    kernels are those of the build without them, plus the training kernels not measured
+    before. ``Build.training`` lists them all (the held-out kernels leave them out)."""
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(synthetic_mapping(6, 40, seed=3)))
+    noisy = SimulatedMachine(path, noise=0.02, seed=0)
+    runs = {}
+    for n in (0, 150):
+        cfg = palmed.PalmedConfig(tol=0.07, max_basic=28, training_kernels=n)
+        b = Build.start(noisy.forms, noisy.measure, cfg)
+        b.pairs(noisy.measure)
+        b.classes()
+        b.core_mapping(noisy.measure)
+        b.mapping(noisy.measure)
+        _, stats = b.remaining(noisy.measure)
+        runs[n] = (b, stats["joint_refit"]["kernels"])
+    b, with_training = runs[150]
+    training = b.training()
+    assert len(training) == 150 and all(k in b.meas for k in training)
+    # the stage asks for those no earlier stage had measured (all but two)
+    assert len(b.asked["training"]) == 148 and set(b.asked["training"]) <= set(training)
+    assert "training" not in runs[0][0].asked and runs[0][0].training() == []
+    # every new training kernel is usable here (no interacting pair, none super-additive)
+    assert with_training == runs[0][1] + 148

@@ -224,7 +224,7 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     stats["measured_by_job"] = b.info["measured_by_job"]
     stats["job_seconds"] = b.info["job_seconds"]
     stats["wall_seconds"]["total"] = sum(stats["job_seconds"].values())
-    return model, stats, sorted(b.asked.get("training", []))
+    return model, stats, b.training()
 
 
 def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, table_path: Path,

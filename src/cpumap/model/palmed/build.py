@@ -56,7 +56,7 @@ from cpumap.model.palmed.kernels import (
     singleton_kernels,
     training_kernels,
 )
-from cpumap.model.palmed.layout import layout_note, layout_probe
+from cpumap.model.palmed.layout import layout_from_json, layout_json, layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
 from cpumap.model.palmed.wide import fit_wide, mode_widths, probe, split
@@ -117,13 +117,11 @@ class Build:
     # ------------------------------------------------------------------ measuring
 
     def _keep_apart(self, kernels: Sequence[str], modes: bool = True) -> list[str]:
-        """``kernels`` without those that mix the families of ``apart``: they are known as
-        NaN from now on, as failed kernels are (no LP uses them, no stage asks again). Their
-        time would be the host's switching penalty, hundreds of cycles that no resource
-        explains, not their forms' throughput. Where the wide mode was seen (and ``modes``),
-        also those that mix 512-bit and narrower vector forms: the wide stage's."""
-        if not self.apart and not (modes and self.wide_mode.get("observed")):
-            return list(kernels)
+        """``kernels`` without those that mix the families of ``apart`` (``_apart``): known
+        as NaN from now on, as failed kernels are (no LP uses them, no stage asks again).
+        Their time would be the host's switching penalty, not their forms' throughput. Where
+        the wide mode was seen (and ``modes``), also mixes of 512-bit and narrower vector
+        forms: the wide stage's."""
         keep = []
         for k in kernels:
             if self._apart(parse_canonical(k), modes):
@@ -268,17 +266,19 @@ class Build:
         self._finish("core", t0)
 
     def _mapping_sets(self) -> tuple[list[str], list[str], list[str]]:
-        """Stages 5-6: the saturating kernels, and every form against each of them (and the
-        joint refit's random training kernels, measured with them)."""
+        """Stages 5-6: the saturating kernels, every form against each, training kernels."""
         assert self.core is not None
         s = self.singletons
         saturating = select_saturating(self.core, self.meas, s, self.config)
-        steady = [f for f in self.forms if f not in self.layout and math.isfinite(s[f])
-                  and not (self.wide_mode.get("observed") and self.widths.get(f) == 512)]
-        training = training_kernels(steady, self.config, self._apart)
         return ([_text(k) for k, _ in saturating],
                 select_mapping_kernels(saturating, self.forms, s, self.meas, self.config),
-                training)
+                self.training())
+
+    def training(self) -> list[str]:
+        """The joint refit's random kernels (``kernels.training_kernels``): never held out."""
+        steady = [f for f, t in self.singletons.items() if f not in self.layout and math.isfinite(
+            t) and not (self.wide_mode.get("observed") and self.widths.get(f) == 512)]
+        return training_kernels(steady, self.config, self._apart)
 
     def mapping_kernels(self) -> list[str]:
         """The kernels stages 5-6 measure (those not known yet)."""
@@ -351,7 +351,7 @@ class Build:
                               for i, (n, d, (s, _t)) in enumerate(zip(names, defining,
                                                                       saturating, strict=True))},
                 "kernels": dict(self.counts),
-                "layout_sensitive": _layout_json(self.layout),
+                "layout_sensitive": layout_json(self.layout),
                 "approximate": {f: non_additive_note(f, *n) for f, n in sorted(odd.items())}
                 | {f: layout_note(u) for f, u in sorted(self.layout.items())},
                 # pairs slower together than in sequence: kernels holding one are outside
@@ -439,18 +439,15 @@ class Build:
                 "basic": self.basic.as_dict() if self.basic else None, "core": core,
                 "info": self.info, "apart": self.apart, "avoided": self.avoided,
                 "widths": self.widths, "wide_mode": self.wide_mode,
-                "layout": _layout_json(self.layout)}
+                "layout": layout_json(self.layout)}
 
     def save(self, path: Path) -> None:
         write_json_atomic(self.as_dict(), path)
 
     @classmethod
     def load(cls, path: Path, measure: Measure, config: PalmedConfig | None = None) -> Build:
-        """The state saved by the previous stage's job, its measurements asked again.
-
-        ``config``, when given, must equal the saved one: a stage fitted with other knobs
-        than its predecessors would mix two builds.
-        """
+        """The state saved by the previous stage's job, its measurements asked again;
+        ``config``, if given, must be the saved one (a stage must not mix two builds)."""
         with open(path, encoding="utf-8") as handle:
             d = json.load(handle)
         if d.get("version") != STATE_VERSION:
@@ -474,19 +471,12 @@ class Build:
                 basic=Basic(**d["basic"]) if d["basic"] else None, core=core,
                 done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})),
                 widths=dict(d["widths"]), wide_mode=dict(d["wide_mode"]),
-                layout={f: {int(c): math.nan if t is None else float(t)
-                            for c, t in u.items()} for f, u in d["layout"].items()})
+                layout=layout_from_json(d["layout"]))
         kernels = [k for stage in d["asked"].values() for k in stage]
         if kernels:
             b._store(kernels, measure(kernels))
         b._keep_apart(d.get("avoided", []))
         return b
-
-
-def _layout_json(layout: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str, Any]]:
-    """The layout probes' times for JSON: None where a probe could not be measured."""
-    return {f: {str(c): t if math.isfinite(t) else None for c, t in sorted(u.items())}
-            for f, u in sorted(layout.items())}
 
 
 def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig | None = None,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cpumap.model.palmed.config import Measurements
 from cpumap.model.palmed.kernels import _text
@@ -92,3 +93,16 @@ def layout_note(times: Mapping[int, float]) -> str:
     return ("throughput depends on the code layout, not on the instruction counts "
             f"(alone, cycles a copy at <copies per instance>: {shown}); predicted from its "
             "singleton")
+
+
+def layout_json(layout: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str, Any]]:
+    """The layout probes' times for JSON (stage states, provenance): None where a probe could
+    not be measured."""
+    return {f: {str(c): t if math.isfinite(t) else None for c, t in sorted(u.items())}
+            for f, u in sorted(layout.items())}
+
+
+def layout_from_json(d: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
+    """``layout_json`` read back: NaN where a probe could not be measured."""
+    return {f: {int(c): math.nan if t is None else float(t) for c, t in u.items()}
+            for f, u in d.items()}
