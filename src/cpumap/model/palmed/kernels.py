@@ -475,10 +475,11 @@ def training_kernels(forms: Sequence[str], cfg: PalmedConfig,
 
     Why: the stages before choose kernels that reveal resources (balanced pairs, mixes with
     the saturating kernels), and those are not the kernels the model is used on. Zen 4 full
-    profile, the same database refitted with 25,000 such kernels of forms outside the 512-bit
-    mode (2026-11-27): held-out RMS IPC error 9.2 % -> 8.6 %, Kendall's tau 0.874 -> 0.883
-    (seed 2: 9.1 % -> 8.3 %, 0.878 -> 0.885). Where the host has a 512-bit mode the caller
-    leaves the 512-bit forms out of ``forms``: the plain refit has no mode."""
+    profile, its database refitted with 25,000 of them (2026-11-27, docs/operations.md), on
+    the same 2,000 held-out kernels: RMS IPC error 10.0 % -> 9.5 %, Kendall's tau 0.872 ->
+    0.879; on 2,000 of another seed 9.1 % -> 8.2 %, 0.878 -> 0.884. Where the host has a
+    512-bit mode the caller leaves the 512-bit forms out of ``forms``: the plain refit has
+    no mode."""
     return mixed_kernels(forms, cfg.training_kernels, cfg.seed + TRAINING_SEED, 2, 5, 4, skip)
 
 
