@@ -217,3 +217,17 @@ def test_training_kernels_are_drawn_like_held_out_ones_and_never_held_out():
     assert set(held) & set(drawn)  # 6 forms: the two draws meet...
     kept = validation.random_kernels(forms, 300, seed=1, exclude=set(drawn))
     assert len(kept) == 300 and not set(kept) & set(drawn)  # ...and held out means not fitted
+
+
+def test_report_lists_the_training_kernels_among_the_stages():
+    """The model report's stage table has a row for the training kernels, between the mapping
+    kernels and the refinement (the order the fit measures them in)."""
+    from cpumap.model import jobs
+
+    metrics = {"kernels": 3, "rms_rel_error_ipc": 0.1, "mape_ipc": 0.1, "kendall_tau": 0.9}
+    report = jobs.validation_report(
+        metrics, {"kernels": {"mapping": 5, "training": 7, "refine": 2}}, "m", 3)
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "kernels" not in
+            line and "---" not in line]
+    assert [r.split(" | ")[0] for r in rows[:3]] == ["| mapping", "| training", "| refine"]
+    assert "| training | 7 |" in report

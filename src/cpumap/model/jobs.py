@@ -337,9 +337,9 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     wall = stats.get("wall_seconds", {})
     # kernels are counted per measuring stage, LPs and wall time per fitting stage
     where = {"core": "core", "saturating": "remaining", "mapping": "remaining",
-             "refine": "remaining"}
-    for stage in ("singletons", "pairs", "basic", "core", "saturating", "mapping", "refine",
-                  "remaining", "wide"):
+             "training": "remaining", "refine": "remaining"}
+    for stage in ("singletons", "pairs", "basic", "core", "saturating", "mapping", "training",
+                  "refine", "remaining", "wide"):
         if stage not in kernels and stage not in lp and stage not in wall:
             continue
         lp_s = lp.get(stage, {}) if where.get(stage, stage) == stage else {}
