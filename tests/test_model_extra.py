@@ -198,21 +198,34 @@ def test_forms_whose_kernels_are_chains_are_left_out_with_their_reason(catalogue
 def test_training_kernels_are_drawn_like_held_out_ones_and_never_held_out():
     """The joint refit's random kernels: as many as asked, distinct, 2-5 forms of
     multiplicity 1-4, none that the caller's ``skip`` refuses, the same every run, another
-    draw than the held-out kernels; and the held-out kernels never include one of them."""
+    draw than the held-out kernels; and the held-out kernels never include one of them.
+    With a 512-bit mode as many again for the wide refit, each holding a 512-bit form,
+    refused by ``skip`` with the wide stage's rules (``modes`` false) only; the plain ones
+    then hold none and are the same as without the mode."""
     from cpumap.measure.asmgen import parse_canonical
     from cpumap.model import validation
     from cpumap.model.palmed import PalmedConfig
-    from cpumap.model.palmed.kernels import training_kernels
+    from cpumap.model.palmed.training import training_kernels
 
     forms = [f"F{i}" for i in range(6)]
     cfg = PalmedConfig(training_kernels=120)
-    no_f0 = lambda k: "F0" in k  # noqa: E731
-    drawn = training_kernels(forms, cfg, no_f0)
-    assert drawn == training_kernels(forms, cfg, no_f0) and len(set(drawn)) == 120
+    no_f0 = lambda k, modes: "F0" in k or (modes and "F5" in k)  # noqa: E731
+    drawn, none = training_kernels(forms, cfg, no_f0)
+    assert (drawn, none) == training_kernels(forms, cfg, no_f0) and len(set(drawn)) == 120
+    assert none == []
     for text in drawn:
         k = parse_canonical(text)
-        assert 2 <= len(k) <= 5 and "F0" not in k and all(1 <= n <= 4 for n in k.values())
-    assert training_kernels(forms, PalmedConfig(), no_f0) == []  # the default: none
+        assert 2 <= len(k) <= 5 and not {"F0", "F5"} & set(k)
+        assert all(1 <= n <= 4 for n in k.values())
+    assert training_kernels(forms, PalmedConfig(), no_f0) == ([], [])  # the default: none
+    many = [f"F{i}" for i in range(12)]
+    plain, wide = training_kernels(many, cfg, no_f0, wide={"F4", "F5"})
+    assert plain == training_kernels([f for f in many if f not in ("F4", "F5")], cfg, no_f0)[0]
+    assert len(set(wide)) == 120 and not set(wide) & set(plain)
+    for text in wide:
+        k = parse_canonical(text)
+        assert 2 <= len(k) <= 5 and "F0" not in k and {"F4", "F5"} & set(k)
+    assert any("F5" in parse_canonical(t) for t in wide)  # the plain stages' rule is not theirs
     held = validation.random_kernels(forms, 300, seed=1)
     assert set(held) & set(drawn)  # 6 forms: the two draws meet...
     kept = validation.random_kernels(forms, 300, seed=1, exclude=set(drawn))
@@ -221,13 +234,16 @@ def test_training_kernels_are_drawn_like_held_out_ones_and_never_held_out():
 
 def test_report_lists_the_training_kernels_among_the_stages():
     """The model report's stage table has a row for the training kernels, between the mapping
-    kernels and the refinement (the order the fit measures them in)."""
+    kernels and the refinement, and one for the wide ones before the wide stage (the order
+    the fit takes them in)."""
     from cpumap.model import jobs
 
     metrics = {"kernels": 3, "rms_rel_error_ipc": 0.1, "mape_ipc": 0.1, "kendall_tau": 0.9}
     report = jobs.validation_report(
-        metrics, {"kernels": {"mapping": 5, "training": 7, "refine": 2}}, "m", 3)
+        metrics, {"kernels": {"mapping": 5, "training": 7, "refine": 2, "wide-training": 4,
+                              "wide": 3}}, "m", 3)
     rows = [line for line in report.splitlines() if line.startswith("| ") and "kernels" not in
             line and "---" not in line]
-    assert [r.split(" | ")[0] for r in rows[:3]] == ["| mapping", "| training", "| refine"]
-    assert "| training | 7 |" in report
+    assert [r.split(" | ")[0] for r in rows[:5]] == [
+        "| mapping", "| training", "| refine", "| wide-training", "| wide"]
+    assert "| training | 7 |" in report and "| wide-training | 4 |" in report

@@ -825,3 +825,36 @@ def test_training_kernels_join_the_joint_refit(tmp_path) -> None:
     assert "training" not in runs[0][0].asked and runs[0][0].training() == []
     # every new training kernel is usable here (no interacting pair, none super-additive)
     assert with_training == runs[0][1] + 148
+
+
+def test_wide_training_kernels_join_only_the_wide_refit() -> None:
+    """With a 512-bit mode, as many random kernels again hold a 512-bit form: the wide stage
+    measures them (stage ``wide-training``; no plain stage asks for one) and only the wide
+    refit fits them: its kernels grow by those no stage had measured, the plain refit's by
+    the plain training kernels alone."""
+    m, widths = wide_mode_mapping()
+    sim = SimulatedMachine(mapping=m, noise=0.02, seed=0)
+    runs = {}
+    for n in (0, 60):
+        b = Build.start(sim.forms, sim.measure, palmed.PalmedConfig(tol=0.06, training_kernels=n),
+                        widths=widths)
+        b.pairs(sim.measure)
+        b.classes()
+        b.core_mapping(sim.measure)
+        b.mapping(sim.measure)
+        _, stats = b.remaining(sim.measure)
+        runs[n] = (b, stats)
+    b, stats = runs[60]
+    plain, wide = b.training(), b.training(wide=True)
+    assert len(wide) == 60 and not set(wide) & set(plain)
+    trigger = {f for f, w in widths.items() if w == 512}
+    assert all(trigger & set(parse_canonical(k)) for k in wide)
+    assert not any(trigger & set(parse_canonical(k)) for k in plain)
+    new = b.asked["wide-training"]
+    assert new and set(new) <= set(wide) and all(k in b.meas for k in wide)
+    assert not any(set(new) & set(ks) for stage, ks in b.asked.items() if stage != "wide-training")
+    assert set(wide) <= set(b.mapping_kernels())  # planned for the batch jobs
+    base = runs[0][1]
+    assert stats["joint_refit"]["kernels"] == base["joint_refit"]["kernels"] + len(
+        b.asked["training"])
+    assert stats["wide_refit"]["kernels"] == base["wide_refit"]["kernels"] + len(new)

@@ -206,7 +206,7 @@ def mapping_job(job: StageJob, state_in: Path, state_out: Path, plan: Path,
 def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict, list[str]]:
     """Rule fit_model: the measured mapping kernels (from the DB), the remaining forms'
     LPs and refinement rounds (measured here): the model, the statistics of all stages and
-    the random training kernels (``palmed.kernels.training_kernels``: never held out)."""
+    the random training kernels, plain and wide (``palmed.training``: never held out)."""
     b = job.load(state_in)
     b.mapping(job.measure, job.log)
     model, stats = b.remaining(job.measure, job.log)
@@ -224,7 +224,7 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     stats["measured_by_job"] = b.info["measured_by_job"]
     stats["job_seconds"] = b.info["job_seconds"]
     stats["wall_seconds"]["total"] = sum(stats["job_seconds"].values())
-    return model, stats, b.training()
+    return model, stats, b.training() + b.training(wide=True)
 
 
 def write_model(model: resmodel.ResourceModel, stats: dict, model_path: Path, table_path: Path,
@@ -337,9 +337,9 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
     wall = stats.get("wall_seconds", {})
     # kernels are counted per measuring stage, LPs and wall time per fitting stage
     where = {"core": "core", "saturating": "remaining", "mapping": "remaining",
-             "training": "remaining", "refine": "remaining"}
+             "training": "remaining", "refine": "remaining", "wide-training": "wide"}
     for stage in ("singletons", "pairs", "basic", "core", "saturating", "mapping", "training",
-                  "refine", "remaining", "wide"):
+                  "refine", "remaining", "wide-training", "wide"):
         if stage not in kernels and stage not in lp and stage not in wall:
             continue
         lp_s = lp.get(stage, {}) if where.get(stage, stage) == stage else {}

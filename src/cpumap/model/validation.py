@@ -20,7 +20,7 @@ from scipy.stats import kendalltau
 from cpumap.isa import transition
 from cpumap.measure import asmgen
 from cpumap.model import resmodel
-from cpumap.model.palmed.kernels import mixed_kernels
+from cpumap.model.palmed.training import mixed_kernels
 
 
 def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: int = 5,

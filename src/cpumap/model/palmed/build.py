@@ -54,11 +54,11 @@ from cpumap.model.palmed.kernels import (
     select_basic,
     select_pairs,
     singleton_kernels,
-    training_kernels,
 )
 from cpumap.model.palmed.layout import layout_from_json, layout_json, layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
+from cpumap.model.palmed.training import training_kernels
 from cpumap.model.palmed.wide import fit_wide, mode_widths, probe, split
 from cpumap.model.resmodel import ResourceModel
 from cpumap.model.resmodel import predict as resmodel_predict
@@ -74,10 +74,6 @@ STATE_VERSION = 2
 
 def _nolog(_: str) -> None:
     pass
-
-
-def _config_from(d: Mapping[str, Any]) -> PalmedConfig:
-    return PalmedConfig(**{k: tuple(v) if k == "betas" else v for k, v in d.items()})
 
 
 @dataclass
@@ -139,7 +135,7 @@ class Build:
 
     def run(self, stage: str, kernels: Sequence[str], measure: Measure, log: Log) -> None:
         """Measure the kernels of ``kernels`` not known yet, as one round of ``stage``."""
-        todo = sorted({k for k in self._keep_apart(kernels, modes=stage != "wide")
+        todo = sorted({k for k in self._keep_apart(kernels, modes=not stage.startswith("wide"))
                        if k not in self.meas})
         if todo:
             self.calls[stage] = self.calls.get(stage, 0) + 1
@@ -274,17 +270,19 @@ class Build:
                 select_mapping_kernels(saturating, self.forms, s, self.meas, self.config),
                 self.training())
 
-    def training(self) -> list[str]:
-        """The joint refit's random kernels (``kernels.training_kernels``): never held out."""
-        steady = [f for f, t in self.singletons.items() if f not in self.layout and math.isfinite(
-            t) and not (self.wide_mode.get("observed") and self.widths.get(f) == 512)]
-        return training_kernels(steady, self.config, self._apart)
+    def training(self, wide: bool = False) -> list[str]:
+        """The joint refit's random kernels (``training.training_kernels``), or the wide
+        stage refit's (``wide``: each holds a 512-bit form): never held out."""
+        steady = [f for f, t in self.singletons.items() if f not in self.layout and t > 0]
+        mode = self.wide_mode.get("observed") and {f for f in steady if self.widths.get(f) == 512}
+        return training_kernels(steady, self.config, self._apart, mode or None)[wide]
 
     def mapping_kernels(self) -> list[str]:
-        """The kernels stages 5-6 measure (those not known yet)."""
+        """The kernels stages 5-6 measure (not known yet), and the wide training kernels (the
+        batch jobs measure them; stage 8 finds them stored)."""
         sat, mixes, training = self._mapping_sets()
-        return sorted(k for k in self._keep_apart(sorted({*sat, *mixes, *training}))
-                      if k not in self.meas)
+        return sorted({k for k in self._keep_apart(sorted({*sat, *mixes, *training}))
+                       if k not in self.meas} | set(self.training(wide=True)))
 
     def mapping(self, measure: Measure, log: Log = _nolog) -> None:
         self._need("mapping")
@@ -398,6 +396,8 @@ class Build:
         self.avoided = [k for k in self.avoided if k not in mode]
         for k in mode:
             self.meas.pop(k, None)
+        # fitted only by the wide refit (``wide._refit_mode`` takes every kernel in the mode)
+        self.run("wide-training", self.training(wide=True), measure, log)
         st = _LPStats()
         index = {r: i for i, r in enumerate(model.resources)}
         rho = {f: {index[r]: v for r, v in u.items()} for f, u in model.rho.items()}
@@ -453,7 +453,7 @@ class Build:
         if d.get("version") != STATE_VERSION:
             raise RuntimeError(f"{path}: Palmed state version {d.get('version')}, "
                                f"expected {STATE_VERSION}: rerun the model stages")
-        cfg = _config_from(d["config"])
+        cfg = PalmedConfig(**{k: tuple(v) if k == "betas" else v for k, v in d["config"].items()})
         if config is not None and config != cfg:
             raise RuntimeError(f"{path} was built with {cfg}, this stage runs with {config}")
         core = None

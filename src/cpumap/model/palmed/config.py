@@ -80,7 +80,7 @@ class PalmedConfig:
     # full profile's (Sapphire Rapids-class guest, 135,267 kernels x 23) took 8 min (4 LPs)
     # and brought the held-out kernels without 512-bit forms from 10.4 % to 8.3 % RMS
     refit_max_bounds: int | None = 4_000_000
-    # random kernels of 2-5 forms fitted by the joint refit (``kernels.training_kernels``)
+    # random kernels of 2-5 forms fitted by the joint refits (``training.training_kernels``)
     training_kernels: int = 0
 
     def as_dict(self) -> dict[str, Any]:

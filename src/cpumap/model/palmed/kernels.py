@@ -29,7 +29,6 @@ cycles with disjoint write pools too): that one is the hardware's.
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ from cpumap.model.palmed.config import (
     SUPERADD_TOLS,
     Kernel,
     Measurements,
-    PalmedConfig,
 )
 
 # --------------------------------------------------------------------------- kernel helpers
@@ -436,51 +434,6 @@ def random_kernels(forms: Sequence[str], count: int, seed: int, max_distinct: in
         pick = rng.choice(len(forms), size=k, replace=False)
         out.append({forms[int(p)]: int(rng.integers(1, max_mult + 1)) for p in pick})
     return out
-
-
-def mixed_kernels(forms: Sequence[str], count: int, seed: int, min_distinct: int,
-                  max_distinct: int, max_mult: int, skip: Callable[[Kernel], bool],
-                  exclude: Set[str] = frozenset()) -> list[str]:
-    """``count`` distinct kernels (canonical texts) of min..max_distinct distinct forms with
-    multiplicities 1..max_mult, deterministic; none that ``skip`` refuses, none in
-    ``exclude``. The held-out kernels (``validation.random_kernels``) and the joint refit's
-    random training kernels (``training_kernels``) are both drawn by it, so that the model is
-    fitted to kernels like those it is judged on."""
-    rng = random.Random(seed)
-    pool = sorted(forms)
-    out: dict[str, None] = {}
-    attempts = 0
-    while len(out) < count and attempts < 100 * count and len(pool) >= min_distinct:
-        attempts += 1
-        k = rng.randint(min_distinct, min(max_distinct, len(pool)))
-        kernel = {f: rng.randint(1, max_mult) for f in rng.sample(pool, k)}
-        if skip(kernel):
-            continue
-        text = canonical(kernel)
-        if text not in exclude:
-            out.setdefault(text, None)
-    return list(out)
-
-
-#: Offset of the training kernels' seed from ``PalmedConfig.seed``: another draw than the
-#: held-out kernels' (``model.validation_seed``, 1 by default).
-TRAINING_SEED = 7919
-
-
-def training_kernels(forms: Sequence[str], cfg: PalmedConfig,
-                     skip: Callable[[Kernel], bool]) -> list[str]:
-    """``cfg.training_kernels`` random kernels of 2-5 forms drawn as the held-out ones are:
-    measured with the mapping kernels, and fitted only by the joint refits (``refit._polish``
-    fits every measured kernel; the per-form LPs see only mixes with saturating kernels).
-
-    Why: the stages before choose kernels that reveal resources (balanced pairs, mixes with
-    the saturating kernels), and those are not the kernels the model is used on. Zen 4 full
-    profile, its database refitted with 25,000 of them (2026-11-27, docs/operations.md), on
-    the same 2,000 held-out kernels: RMS IPC error 10.0 % -> 9.5 %, Kendall's tau 0.872 ->
-    0.879; on 2,000 of another seed 9.1 % -> 8.2 %, 0.878 -> 0.884. Where the host has a
-    512-bit mode the caller leaves the 512-bit forms out of ``forms``: the plain refit has
-    no mode."""
-    return mixed_kernels(forms, cfg.training_kernels, cfg.seed + TRAINING_SEED, 2, 5, 4, skip)
 
 
 def mix(sk: Mapping[str, int], t_sk: float, form: str, t_form: float,
