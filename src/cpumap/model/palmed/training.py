@@ -59,8 +59,9 @@ def training_kernels(forms: Sequence[str], cfg: PalmedConfig,
     25,000 plain ones (2026-11-27, docs/operations.md), on the same 2,000 held-out kernels:
     RMS IPC error 10.0 % -> 9.5 %, Kendall's tau 0.872 -> 0.879. The plain refit has no
     mode, so its kernels leave the 512-bit forms out; the held-out kernels holding one (30 %
-    of them) are predicted by the wide uses, and 25,000 wide ones in that refit took those
-    from 11.6 % RMS and tau 0.857 to 11.0 % and 0.867 (offline refit, same database)."""
+    of them) are predicted by the wide uses, and 25,000 wide ones (same database, fitted
+    again) took those from 11.6 % RMS and tau 0.857 to 10.8 % and 0.869 (all 2,000: 9.5 %
+    and 0.879 to 9.2 % and 0.883)."""
     n, seed = cfg.training_kernels, cfg.seed + TRAINING_SEED
     plain = mixed_kernels([f for f in forms if f not in (wide or ())], n, seed, 2, 5, 4,
                           lambda k: skip(k, True))
