@@ -226,7 +226,7 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     if free is None:
         # every form's own kernel (the form once) fitted within SINGLE_TOL: left to the
         # objective, the refit traded singletons for mixes and ``_explained`` scaled the
-        # uses back up afterwards (Zen 4 full profile: 45 forms 5-25 % under their time);
+        # uses back up afterwards (Zen 4 full profile: 187 forms 5-61 % under their time);
         # bound, the same database's held-out kernels without a 512-bit form went from tau
         # 0.874 / 0.881 / 0.873 / 0.877 to 0.877 / 0.885 / 0.875 / 0.880 on four sets
         for j, (k, m, _d) in enumerate(rows):
