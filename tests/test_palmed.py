@@ -539,21 +539,11 @@ def _kinds(kernels: list[dict[str, int]], widths: dict[str, int]) -> dict[str, l
     return out
 
 
-def _stepped(b: Build, measure) -> tuple[resmodel.ResourceModel, dict]:
-    """The stages after ``Build.start`` on ``b`` in one process, as ``build_model`` runs
-    them, ``b`` kept for what it asked and drew."""
-    b.pairs(measure)
-    b.classes()
-    b.core_mapping(measure)
-    b.mapping(measure)
-    return b.remaining(measure)
-
-
 def _built_asked(sim: SimulatedMachine, widths: dict[str, int], cfg: palmed.PalmedConfig
                  ) -> tuple[resmodel.ResourceModel, dict, dict[str, list[str]]]:
     """``build_model``, stage by stage, with the kernels each stage asked for."""
     b = Build.start(sim.forms, sim.measure, cfg, widths=widths)
-    model, stats = _stepped(b, sim.measure)
+    model, stats = b.fit(sim.measure)
     return model, stats, b.asked
 
 
@@ -787,7 +777,7 @@ def test_wide_mode_covers_only_the_encodings_whose_probes_it_slows() -> None:
     three = {**b.wide_mode, "encodings": {"LEGACY": [2, 2], "VEX/EVEX": [3, 0]}}
     assert palmed.wide.mode_widths(widths, three, enc) == widths
     assert b.widths == {f: w for f, w in widths.items() if f in legacy or w == 512}
-    model, stats = _stepped(b, sim.measure)
+    model, stats = b.fit(sim.measure)
     plain_stages = [t for s in ("pairs", "core", "saturating", "mapping", "refine")
                     for t in b.asked.get(s, [])]
     vex = {"VADDX", "VLOADX", "VADDXM", "VMULX"}
@@ -813,7 +803,7 @@ def test_training_kernels_join_the_joint_refit(tmp_path) -> None:
     for n in (0, 150):
         cfg = palmed.PalmedConfig(tol=0.07, max_basic=28, training_kernels=n)
         b = Build.start(noisy.forms, noisy.measure, cfg)
-        _, stats = _stepped(b, noisy.measure)
+        _, stats = b.fit(noisy.measure)
         runs[n] = (b, stats["joint_refit"]["kernels"])
     b, with_training = runs[150]
     training = b.training()
@@ -836,7 +826,7 @@ def test_wide_training_kernels_join_only_the_wide_refit() -> None:
     for n in (0, 60):
         b = Build.start(sim.forms, sim.measure, palmed.PalmedConfig(tol=0.06, training_kernels=n),
                         widths=widths)
-        runs[n] = (b, _stepped(b, sim.measure)[1])
+        runs[n] = (b, b.fit(sim.measure)[1])
     b, stats = runs[60]
     plain, wide = b.training(), b.training(wide=True)
     assert len(wide) == 60 and not set(wide) & set(plain)

@@ -377,6 +377,15 @@ class Build:
                  "non_additive": {f: list(n) for f, n in sorted(odd.items())}}
         return model, stats
 
+    def fit(self, measure: Measure, log: Log = _nolog, probes: Sequence[str] | None = None,
+            provenance: Mapping[str, Any] | None = None) -> tuple[ResourceModel, dict[str, Any]]:
+        """Every stage after ``start``, in this process and in order (``build_model``)."""
+        self.pairs(measure, log, probes)
+        self.classes(log)
+        self.core_mapping(measure, log)
+        self.mapping(measure, log)
+        return self.remaining(measure, log, provenance)
+
     def wide(self, model: ResourceModel, measure: Measure, t_plain: Sequence[float],
              log: Log = _nolog) -> None:
         """Stage 8 (after ``remaining``, same job), where the probe saw the mode: the vector
@@ -491,9 +500,5 @@ def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig 
     seconds per fitting stage (``lp``), wall seconds per stage. ``widths`` (form -> vector
     length in bits) runs the wide stage.
     """
-    b = Build.start(forms, measure, config, log, apart, widths)
-    b.pairs(measure, log, probes)
-    b.classes(log)
-    b.core_mapping(measure, log)
-    b.mapping(measure, log)
-    return b.remaining(measure, log, provenance)
+    return Build.start(forms, measure, config, log, apart, widths).fit(measure, log, probes,
+                                                                        provenance)
