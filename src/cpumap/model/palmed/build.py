@@ -434,18 +434,12 @@ class Build:
     # ------------------------------------------------------------------ state file
 
     def as_dict(self) -> dict[str, Any]:
-        core = None
-        if self.core is not None:
-            c = self.core
-            core = {"basic": c.basic, "defining": c.defining,
-                    "rho": {f: {str(r): v for r, v in sorted(u.items())}
-                            for f, u in sorted(c.rho.items())},
-                    "tests": c.tests, "t_defining": c.t_defining}
         return {"version": STATE_VERSION, "config": self.config.as_dict(), "forms": self.forms,
                 "done": self.done, "asked": self.asked, "counts": self.counts,
                 "calls": self.calls, "wall_seconds": self.wall, "lp": self.lp,
                 "dropped": self.dropped, "candidates": self.candidates,
-                "basic": self.basic.as_dict() if self.basic else None, "core": core,
+                "basic": self.basic.as_dict() if self.basic else None,
+                "core": self.core.as_dict() if self.core else None,
                 "info": self.info, "apart": self.apart, "avoided": self.avoided,
                 "widths": self.widths, "wide_mode": self.wide_mode,
                 "layout": layout_json(self.layout)}
@@ -465,19 +459,13 @@ class Build:
         cfg = PalmedConfig(**{k: tuple(v) if k == "betas" else v for k, v in d["config"].items()})
         if config is not None and config != cfg:
             raise RuntimeError(f"{path} was built with {cfg}, this stage runs with {config}")
-        core = None
-        if d["core"] is not None:
-            c = d["core"]
-            core = Core(basic=c["basic"], defining=[dict(k) for k in c["defining"]],
-                        rho={f: {int(r): float(v) for r, v in u.items()}
-                             for f, u in c["rho"].items()},
-                        tests=list(c["tests"]), t_defining=[float(t) for t in c["t_defining"]])
         b = cls(config=cfg, forms=list(d["forms"]), asked={k: list(v) for k, v in
                                                          d["asked"].items()},
                 counts=dict(d["counts"]), calls=dict(d["calls"]), failed=[],
                 wall=dict(d["wall_seconds"]), lp=dict(d["lp"]), dropped=list(d["dropped"]),
                 candidates=list(d["candidates"]),
-                basic=Basic(**d["basic"]) if d["basic"] else None, core=core,
+                basic=Basic(**d["basic"]) if d["basic"] else None,
+                core=Core.from_dict(d["core"]) if d["core"] else None,
                 done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})),
                 widths=dict(d["widths"]), wide_mode=dict(d["wide_mode"]),
                 layout=layout_from_json(d["layout"]))

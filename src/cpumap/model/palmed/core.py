@@ -54,6 +54,18 @@ class Core:
     def n_resources(self) -> int:
         return len(self.defining)
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"basic": self.basic, "defining": self.defining,
+                "rho": {f: {str(r): v for r, v in sorted(u.items())}
+                        for f, u in sorted(self.rho.items())},
+                "tests": self.tests, "t_defining": self.t_defining}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Core:
+        return cls(basic=d["basic"], defining=[dict(k) for k in d["defining"]],
+                   rho={f: {int(r): float(v) for r, v in u.items()} for f, u in d["rho"].items()},
+                   tests=list(d["tests"]), t_defining=[float(t) for t in d["t_defining"]])
+
 
 @dataclass
 class Step:
