@@ -360,7 +360,9 @@ def test_serialising_form_adds_its_time_to_every_kernel(tmp_path) -> None:
 def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     """Noisy builds end with one joint LP over all forms and kernels (``_polish``): two forms
     that share one unit, each fitted onto a resource of its own by the per-form LPs, are
-    predicted too fast together; the joint refit puts them on the unit they share."""
+    predicted too fast together; the joint refit puts them on the unit they share. C, which
+    shares nothing, keeps no shared use and is explained by a resource of its own
+    (``_owned``)."""
     rho = {"A": {0: 0.5}, "B": {1: 0.5}}
     meas = {"A": 0.5, "B": 0.5, "A B": 1.0, "A*2 B": 1.5, "A B*2": 1.5,
             "C": 0.25, "A C*2": 0.5, "B C*2": 0.5}
@@ -373,15 +375,28 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     assert stats.solves == 1
     assert stats.refit is not None and stats.refit["done"]
     assert stats.refit["kernels"] == len(meas) and stats.refit["candidate_bounds"] == 2 * len(meas)
+    # the singletons fit no tightness row
+    assert stats.refit["own_rows"] == 3
+    own = palmed.refit._owned(out, forms, singletons, cfg.tol)
+    assert own == {"C": 0.25} and not out["C"]
+
+    def cycles(k: dict[str, int]) -> float:
+        """With C's own resource: a kernel takes at least C's copies one after another."""
+        return max(palmed._predict(out, 3, k).max(), k.get("C", 0) * own["C"])
+
     for text, m in meas.items():
-        assert palmed._predict(out, 3, parse_canonical(text)).max() == pytest.approx(m, rel=1e-6)
+        assert cycles(parse_canonical(text)) == pytest.approx(m, rel=1e-6)
     # held out: five instructions on the shared unit, C's own unit beside them
-    assert palmed._predict(out, 3, {"A": 3, "B": 2, "C": 4}).max() == pytest.approx(2.5)
+    assert cycles({"A": 3, "B": 2, "C": 4}) == pytest.approx(2.5)
     # an interacting pair (slower together than in sequence) stays out of the refit
     bad = {frozenset(("A", "B"))}
     kept = palmed._polish(rho, 3, forms, singletons, {**meas, "A B": 3.0}, cfg, bad,
                           stats, lambda _: None)
-    assert palmed._predict(kept, 3, {"A": 1, "B": 1}).max() == pytest.approx(0.5)
+    # (A and B are then in no kernel but their singletons, which fit no tightness row: their
+    # own resources explain them)
+    alone = palmed.refit._owned(kept, forms, singletons, cfg.tol)
+    assert alone == {"A": 0.5, "B": 0.5}
+    assert palmed._predict(kept, 3, {"A": 1, "B": 1}).max() < 0.5
     # above the size budget (9 bounds: 4 kernels of 2 upper bounds): a sample of the 3
     # singletons and the mix first in the order of a hash of their text ("A*2 B") is
     # refitted exactly; D, in no kernel of the sample (its one kernel is "A D"), keeps its
@@ -401,9 +416,13 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     assert sampled.refit is not None and sampled.refit["done"]
     assert sampled.refit["kernels"] == len(meas_d) and sampled.refit["sampled"] == 4
     assert out["D"] == pytest.approx({2: 0.3})
+    # the mix exactly (its tightness row), the singletons within their upper bound or by
+    # their own resource
+    own = palmed.refit._owned(out, forms_d, {**singletons, "D": 0.3}, small.tol)
     for text in texts:
-        assert palmed._predict(out, 3, parse_canonical(text)).max() == \
-            pytest.approx(meas_d[text], rel=1e-6)
+        k = parse_canonical(text)
+        p = max(palmed._predict(out, 3, k).max(), *(n * own.get(f, 0.0) for f, n in k.items()))
+        assert abs(p / meas_d[text] - 1) <= (1e-6 if "*" in text else small.tol + 1e-9), text
 
 
 def test_behaviour_classes_group_alike_forms_only() -> None:
@@ -693,7 +712,7 @@ def test_wide_refit_moves_only_the_uses_met_beside_the_carrier(monkeypatch) -> N
         assert rms[1] < rms[0] * 0.85, (seed, rms)
         assert stats["wide_refit"]["done"] and stats["wide_refit"]["kernels"] > 0
         # a form without a vector register met only the saturating kernels that hold one
-        scalar = [r for r in model.resources if not any(
+        scalar = [r for r in model.resources if not resmodel.private(r) and not any(
             widths.get(f, 0) for f in parse_canonical(
                 model.provenance["resources"][r]["saturating"]))]
         others = [f for f in sim.forms if not widths.get(f, 0)]

@@ -54,7 +54,8 @@ def test_load_rejects_bad_files(tmp_path) -> None:
 
 def test_table() -> None:
     t = MODEL.table()
-    assert list(t.columns) == ["form", "p01", "p1", "cycles", "bottleneck", "bottleneck_label"]
+    assert list(t.columns) == ["form", "p01", "p1", "private", "private_use", "cycles",
+                               "bottleneck", "bottleneck_label"]
     row = t.set_index("form").loc["BSR"]
     assert row["p1"] == 1.0 and row["cycles"] == 1.0 and row["bottleneck"] == "p1"
 

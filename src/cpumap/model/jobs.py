@@ -405,7 +405,9 @@ def wide_line(record: Mapping[str, Any] | None) -> str:
 
 
 def resource_table(model: resmodel.ResourceModel) -> list[str]:
-    """Markdown lines: each resource, its label, how many forms use it and are limited by it."""
+    """Markdown lines: each shared resource, its label, how many forms use it and are limited
+    by it; the private resources (``resmodel.private``: hundreds, one form or class each)
+    one line per kind."""
     labels = resmodel.resource_labels(model)
     users = dict.fromkeys(model.resources, 0)
     limited = dict.fromkeys(model.resources, 0)
@@ -418,5 +420,12 @@ def resource_table(model: resmodel.ResourceModel) -> list[str]:
     lines = ["## Resources", "",
              "| resource | label | forms using it | forms it limits alone |",
              "| --- | --- | --- | --- |"]
-    lines += [f"| {r} | {labels[r]} | {users[r]} | {limited[r]} |" for r in model.resources]
+    lines += [f"| {r} | {labels[r]} | {users[r]} | {limited[r]} |" for r in model.resources
+              if not resmodel.private(r)]
+    for prefix, what in ((resmodel.OWN, "a class's own unit, as long as its singleton"),
+                         (resmodel.CHAIN, "a dependence chain's measured cycles")):
+        kind = [r for r in model.resources if r.startswith(prefix)]
+        if kind:
+            lines.append(f"| {prefix}* ({len(kind)} resources) | {what} | "
+                         f"{sum(users[r] for r in kind)} | {sum(limited[r] for r in kind)} |")
     return [*lines, ""]

@@ -88,7 +88,7 @@ def add_chain_forms(model: resmodel.ResourceModel, left: Mapping[str, str],
     for form, cycles in zip(chains, measure(chains), strict=True):
         if not (cycles > 0 and math.isfinite(cycles)):
             continue
-        resource = f"chain:{form}"
+        resource = resmodel.CHAIN + form
         model.resources.append(resource)
         model.rho[form] = {resource: float(cycles)}
         out[form] = (f"{left[form]}: predicted from its own measured cycles "

@@ -23,7 +23,11 @@ rebuilding a model from the same measurements gives a byte-identical file)::
 form of ``wide.trigger`` (a 512-bit form), a form of ``wide.rho`` uses those resources instead
 of its own (Intel cores take no vector μops on port 1 while 512-bit μops are in flight).
 
-Resources are found by Palmed, not named by anyone: ``R14`` says nothing. Each gets a label
+Resources of one form or one class alone are named by what holds them: ``chain:FORM``, a
+dependence chain's (``cpumap.model.outside``), and ``own:FORM``, a unit a class of alike forms
+holds longer than the ports it shares, named after the class's representative
+(``cpumap.model.palmed.refit._owned``). The others are found by Palmed, not named by anyone:
+``R14`` says nothing. Each gets a label
 from what defines it, the forms that saturate it alone (``resource_labels``), so that a
 bottleneck reads as "VADDPD/VPADDD/VMULPS +40: 2 per cycle".
 
@@ -52,14 +56,17 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "CHAIN",
     "DIGITS",
     "FORMAT",
+    "OWN",
     "Predictor",
     "ResourceModel",
     "interacting",
     "load",
     "mnemonic",
     "predict",
+    "private",
     "resource_labels",
     "save",
     "switching",
@@ -69,6 +76,14 @@ FORMAT = "cpumap-resource-model"
 VERSION = 1
 #: Decimals kept in files: far below measurement noise, and stable across rebuilds.
 DIGITS = 9
+#: Name prefixes of the resources of one form or class alone (see the module's docstring).
+CHAIN = "chain:"
+OWN = "own:"
+
+
+def private(resource: str) -> bool:
+    """Whether a resource belongs to one form or class alone (a chain's or a class's own)."""
+    return resource.startswith((CHAIN, OWN))
 
 
 @dataclass
@@ -170,22 +185,29 @@ class ResourceModel:
         return model
 
     def table(self) -> pd.DataFrame:
-        """Readable mapping: one row per form, one column per resource, plus the predicted
-        cycles of the form alone, its bottleneck resource and that resource's label."""
+        """Readable mapping: one row per form, one column per shared resource, the form's
+        private resource (``private``; at most one: a chain's or its class's own) and its use,
+        the predicted cycles of the form alone, its bottleneck resource and that resource's
+        label. (A column per private resource made the full model's table 1,300 columns
+        wide, nearly all zeros.)"""
         import pandas as pd  # local: the prediction path never needs it
 
         labels = resource_labels(self)
+        shared = [r for r in self.resources if not private(r)]
         rows = []
         for form in self.forms:
             row: dict[str, Any] = {"form": form}
-            row.update({r: self.rho[form].get(r, 0.0) for r in self.resources})
+            row.update({r: self.rho[form].get(r, 0.0) for r in shared})
+            mine = [r for r in self.rho[form] if private(r)]
+            row["private"] = ", ".join(mine)
+            row["private_use"] = sum(self.rho[form][r] for r in mine)
             cyc, bott = predict(self, {form: 1})
             row["cycles"] = cyc
             row["bottleneck"] = bott
             row["bottleneck_label"] = labels.get(bott, "") if bott else ""
             rows.append(row)
-        return pd.DataFrame(rows, columns=["form", *self.resources, "cycles", "bottleneck",
-                                           "bottleneck_label"])
+        return pd.DataFrame(rows, columns=["form", *shared, "private", "private_use", "cycles",
+                                           "bottleneck", "bottleneck_label"])
 
 
 def _rounded(rho: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
@@ -259,9 +281,9 @@ def resource_labels(model: ResourceModel) -> dict[str, str]:
     alone: dict[str, list[tuple[float, str]]] = {r: [] for r in model.resources}
     users: dict[str, list[tuple[float, str]]] = {r: [] for r in model.resources}
     mn = {form: mnemonic(form) for form in model.rho}
-    # resources of their own (a dependence chain's) do not count towards "every resource"
+    # resources of one form or class (``private``) do not count towards "every resource"
     n_users = Counter(r for uses in model.rho.values() for r in uses)
-    shared = sum(1 for r in model.resources if n_users[r] > 1)
+    shared = sum(1 for r in model.resources if n_users[r] > 1 and not private(r))
     for form in sorted(model.rho):
         uses = model.rho[form]
         top = max(uses.values(), default=0.0)

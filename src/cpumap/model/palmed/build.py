@@ -41,7 +41,7 @@ from typing import Any
 
 from cpumap.isa import transition
 from cpumap.measure.asmgen import parse_canonical
-from cpumap.model.palmed.config import Kernel, PalmedConfig
+from cpumap.model.palmed.config import Kernel, Log, PalmedConfig, _nolog
 from cpumap.model.palmed.core import Core, fit_core
 from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
 from cpumap.model.palmed.kernels import (
@@ -60,20 +60,15 @@ from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
 from cpumap.model.palmed.training import training_kernels
 from cpumap.model.palmed.wide import fit_wide, mode_widths, probe, split
-from cpumap.model.resmodel import ResourceModel
+from cpumap.model.resmodel import OWN, ResourceModel, private
 from cpumap.model.resmodel import predict as resmodel_predict
 from cpumap.store.files import write_json_atomic
 
 Measure = Callable[[list[str]], Sequence[float]]
-Log = Callable[[str], None]
 
 #: Stages in order; ``Build.done`` lists those finished.
 STAGES = ("singletons", "pairs", "basic", "core", "mapping", "remaining")
 STATE_VERSION = 2
-
-
-def _nolog(_: str) -> None:
-    pass
 
 
 @dataclass
@@ -321,7 +316,7 @@ class Build:
             if step.done:
                 break
             self.run("refine", step.need, measure, log)
-        rho_idx, defining, saturating, behaviour = step.result
+        rho_idx, defining, saturating, behaviour, own = step.result
         self.lp["remaining"] = {"solves": st.solves, "seconds": st.seconds}
         self._finish("remaining", t0)
 
@@ -330,10 +325,11 @@ class Build:
         odd = non_additive(singletons, self.meas, self.config.tol, (lambda k: transition.mixes_512(
             k, self.widths)) if modal else None, classes=behaviour)
         names = [f"R{r:02d}" for r in range(len(defining))]
+        # a class's resource of its own (``refit._owned``), named after its representative
         rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())}
-               for f in self.forms}
+               | ({OWN + own[f][0]: own[f][1]} if f in own else {}) for f in self.forms}
         model = ResourceModel(
-            resources=names, rho=rho,
+            resources=names + sorted({OWN + rep for rep, _ in own.values()}), rho=rho,
             provenance={
                 "method": "palmed",
                 "config": self.config.as_dict(),
@@ -408,9 +404,12 @@ class Build:
         # fitted only by the wide refit (``wide._refit_mode`` takes every kernel in the mode)
         self.run("wide-training", self.training(wide=True), measure, log)
         st = _LPStats()
-        index = {r: i for i, r in enumerate(model.resources)}
-        rho = {f: {index[r]: v for r, v in u.items()} for f, u in model.rho.items()}
-        texts = [model.provenance["resources"][r]["saturating"] for r in model.resources]
+        # the shared resources: those with a saturating kernel (own resources are the plain
+        # uses' business, a form in the mode gets its own below)
+        shared = [r for r in model.resources if not private(r)]
+        index = {r: i for i, r in enumerate(shared)}
+        rho = {f: {index[r]: v for r, v in u.items() if r in index} for f, u in model.rho.items()}
+        texts = [model.provenance["resources"][r]["saturating"] for r in shared]
         # a saturating kernel whose measurement failed is sized by the model's prediction
         saturating = [(sk, m if math.isfinite(m := self.meas.get(t, math.nan))
                        else resmodel_predict(model, sk)[0])
@@ -423,9 +422,15 @@ class Build:
             if step.done:
                 break
             self.run("wide", step.need, measure, log)
+        uses, own = step.result
+        rep_of = {m: rep for rep, members in model.provenance.get("behaviour_classes", {}).items()
+                  for m in members}
         model.wide = {"trigger": split(self.forms, self.widths)[0],
-                      "rho": {f: {model.resources[i]: v for i, v in sorted(u.items())}
-                              for f, u in sorted(step.result.items())}}
+                      "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
+                              | ({OWN + rep_of.get(f, f): own[f]} if f in own else {})
+                              for f, u in sorted(uses.items())}}
+        model.resources = shared + sorted({*(r for r in model.resources if private(r)),
+                                           *(OWN + rep_of.get(f, f) for f in own)})
         model.provenance["wide"]["kernels"] = self.counts.get("wide", 0)
         model.provenance["kernels"] = dict(self.counts)
         self.lp["wide"] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}

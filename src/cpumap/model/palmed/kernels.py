@@ -69,6 +69,11 @@ def _reduce(k: Mapping[str, int]) -> Kernel:
     return {f: n // g for f, n in k.items()} if g > 1 else dict(k)
 
 
+def _alone(k: Mapping[str, int]) -> bool:
+    """Whether the kernel is one form once: that form's singleton."""
+    return len(k) == 1 and next(iter(k.values())) == 1
+
+
 def singleton_kernels(forms: Sequence[str]) -> list[str]:
     """Stage 1: every form alone."""
     return [_text({f: 1}) for f in sorted(set(forms))]
@@ -257,6 +262,12 @@ def _additive_bound(k: Mapping[str, int], singletons: Mapping[str, float], tol: 
     """(1 + ``SUPERADD_TOLS`` tol) times the kernel's forms in sequence: a kernel slower than
     that is *super-additive*, more than any resource model predicts."""
     return (1 + SUPERADD_TOLS * tol) * sum(n * singletons[f] for f, n in k.items())
+
+
+def _floor(k: Mapping[str, int], singletons: Mapping[str, float]) -> float:
+    """The least time a resource model with the forms' own resources (``refit._owned``)
+    predicts: each form's copies one after another at its singleton's pace."""
+    return max(n * singletons[f] for f, n in k.items())
 
 
 #: A form is *non-additive* where at least this share of the measured kernels holding it beside

@@ -26,6 +26,7 @@ from cpumap.model.palmed.config import (
 from cpumap.model.palmed.core import Core, Step, _sat_est, _source_time
 from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
 from cpumap.model.palmed.kernels import (
+    _alone,
     _reduce,
     _text,
     _usable,
@@ -34,7 +35,14 @@ from cpumap.model.palmed.kernels import (
     pair_kernel,
 )
 from cpumap.model.palmed.lp import _LPStats, _predict
-from cpumap.model.palmed.refit import _explained, _misfit, _polish, _serialised, serialising
+from cpumap.model.palmed.refit import (
+    _explained,
+    _misfit,
+    _owned,
+    _polish,
+    _serialised,
+    serialising,
+)
 
 
 def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, float],
@@ -49,10 +57,11 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
     time, round, misfit of singletons and pairs before the round). Returns a Step whose
     ``need`` lists kernels to measure (mapping kernels of new resources: one or two
     measurement rounds per refinement round), or ``done`` with
-    ``result = (rho, defining, saturating, behaviour)``: rho maps form -> resource index ->
-    use, saturating pairs each resource's saturating kernel with its construction time (as its
-    mixes were built), behaviour maps each representative of a class of several forms to its
-    members.
+    ``result = (rho, defining, saturating, behaviour, own)``: rho maps form -> resource index
+    -> use, saturating pairs each resource's saturating kernel with its construction time (as
+    its mixes were built), behaviour maps each representative of a class of several forms to
+    its members, own maps each form explained by its class's resource of its own
+    (``refit._owned``; noisy measurements only) to (the representative, its use).
 
     Every form meets each refinement resource at the lightest proportion; only the
     representatives of the behaviour classes (``classes.behaviour_classes``, recomputed on
@@ -87,16 +96,22 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
                      classes, cfg, log, lp_stats or _LPStats(), unsteady)
     if step.need:
         return step
-    rho, defining, saturating_out = step.result
+    rho, defining, saturating_out, own = step.result
     # a member's uses are its representative's per unit of singleton time: the classes
     # hold forms whose singletons differ by up to tol, and a member given its
     # representative's uses unscaled missed its own singleton by that much (a simulated
-    # 10-port/300-form machine at 2 % noise: 4.7 % RMS held-out error against 3.5 %)
+    # 10-port/300-form machine at 2 % noise: 4.7 % RMS held-out error against 3.5 %); a
+    # class's own resource is one unit the members share (their kernels add on it)
+    of = {f: behaviour.of(f) for f in forms}
     rho = {f: {r: v * singletons[f] / singletons[rep] for r, v in rho.get(rep, {}).items()}
-           for f, rep in ((f, behaviour.of(f)) for f in forms)}
-    log(f"classes: {len(behaviour.members)} behaviour classes of {len(forms)} forms")
+           for f, rep in of.items()}
+    own_of = {f: (rep, own[rep] * singletons[f] / singletons[rep])
+              for f, rep in of.items() if rep in own}
+    log(f"classes: {len(behaviour.members)} behaviour classes of {len(forms)} forms; "
+        f"{len(own)} with a resource of their own")
     return Step(need=[], result=(rho, defining, saturating_out,
-                                 {r: m for r, m in behaviour.members.items() if len(m) > 1}),
+                                 {r: m for r, m in behaviour.members.items() if len(m) > 1},
+                                 own_of),
                 state=step.state)
 
 
@@ -134,7 +149,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             k = parse_canonical(text)
             if len(k) > 2 or not _usable(k, m, known, singletons, cfg.tol, bad):
                 continue
-            if len(k) == 1 and k == {next(iter(k)): 1}:
+            if _alone(k):
                 checks.append((k, m))
             elif len(k) == 2:
                 a, b = sorted(k)
@@ -187,9 +202,11 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
                     f"{now_s:.2%} vs {prev_s:.2%} without it)")
                 prev = polished(prev, saturating[:n_prev])
-                return Step(need=[], result=_explained(
+                own = _owned(prev, forms, singletons, cfg.tol)
+                return Step(need=[], result=(*_explained(
                     prev, defining[:n_prev], saturating[:n_prev], forms,
-                    singletons, cfg, log), state=[r for r in refined if r[2] != rounds - 1])
+                    singletons, cfg, log, set(own)), own),
+                    state=[r for r in refined if r[2] != rounds - 1])
             log(f"refine: round {rounds - 1} kept (misfit {now_s:.2%} vs {prev_s:.2%})")
         # refinement: measured kernels the model under-predicts reveal missing resources
         cands: list[tuple[int, float, str]] = []
@@ -216,10 +233,14 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             if cands:
                 log(f"refine: stopping with {len(cands)} under-predicted kernels "
                     f"(worst {-cands[0][1]:.1%})")
+            # noisy: the joint refit, then a resource of their own for the forms its shared
+            # uses leave short of their singleton
+            own: dict[str, float] = {}
             if noisy:
                 rho = polished(rho, saturating)
-            return Step(need=[], result=_explained(
-                rho, defining, saturating, forms, singletons, cfg, log),
+                own = _owned(rho, forms, singletons, cfg.tol)
+            return Step(need=[], result=(*_explained(
+                rho, defining, saturating, forms, singletons, cfg, log, set(own)), own),
                 state=refined)
         added: list[Kernel] = []
         taken: set[str] = set()

@@ -65,7 +65,7 @@ from cpumap.model.palmed.core import Core, Step
 from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
 from cpumap.model.palmed.kernels import _add, _ok, _text, interacting_pairs, mix
 from cpumap.model.palmed.lp import _LPStats
-from cpumap.model.palmed.refit import _polish
+from cpumap.model.palmed.refit import _owned, _polish
 
 #: A mode singleton gives the narrow form this many times the carrier's time: the carrier's
 #: share of the kernel stays about 1/65.
@@ -206,14 +206,17 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     of a resource it met in no such mix. ``classes`` (representative -> members: the plain
     model's behaviour classes) spare the mixes and LPs of members: only representatives
     (``_wide_reps``) meet the saturating kernels, and members take their wide uses. Returns a
-    Step whose ``need`` lists kernels to measure, or ``done`` with ``result`` = form ->
-    resource index -> wide use.
+    Step whose ``need`` lists kernels to measure, or ``done`` with ``result`` = (form ->
+    resource index -> wide use, form -> own use).
 
     ``t_plain`` (the saturating kernels' construction times, which built the plain stages'
     mixes) screens the lighter proportions: a form whose balanced mix beside ``SK^s + Z``
     rose as much a copy as its balanced mix beside ``SK^s`` did in the plain stages
     (``_as_plain``) keeps its plain use of that resource, measured at every proportion
     already; only a mix that rose otherwise gets the lighter ones.
+
+    The result, under noise, also holds form -> the use of a resource of its own, as the
+    plain stage's (``refit._owned``): ``(uses, own)``; without noise ``own`` is empty.
     """
     cfg = config or PalmedConfig()
     wide, narrow = split(forms, widths)
@@ -281,7 +284,8 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     fitted = {f: {r: v for r, v in fitted[f].items() if r in met[f]}
               | {r: v for r, v in rho.get(f, {}).items() if r not in met[f]}
               for f in [*reps, *other_reps]}
-    if cfg.tol >= NOISY_TOL and WIDE_REFIT:
+    refit = cfg.tol >= NOISY_TOL and WIDE_REFIT
+    if refit:
         fitted = _refit_mode(fitted, len(sat), met, t_of, meas, rep_of, wide_set, cfg,
                              lp_stats or _LPStats(), log)
     # a member takes its representative's wide uses of the resources the representative met,
@@ -301,11 +305,19 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # carrier, but the wide LPs and refit bound a use only by the kernels in the mode (Zen
     # 4, full profile: 188 of 5,627 forms' wide uses under their singleton, the dividers' at
     # 1.7 of 3.0 cycles; its 609 held-out kernels mixing 512-bit and narrower forms 13.7 %
-    # RMS, 11.9 % refitted from the same database with this floor)
-    fitted = {f: _up_to(u, max(singletons[f], t_of[f]), cfg.tol, rho.get(f, {}))
-              for f, u in fitted.items()}
-    return Step(need=[], result={f: {r: v for r, v in u.items() if v > 0}
-                                 for f, u in fitted.items()})
+    # RMS, 11.9 % refitted from the same database with this floor). After the refit (which
+    # left the kernels at that floor free, as the plain one does) the floor is a resource
+    # of the form's own (``refit._owned``); without it, the largest use is raised to it
+    floor = {f: max(singletons[f], t_of[f]) for f in fitted}
+    if refit:
+        fitted = {f: {r: v for r, v in u.items() if v > 0} or dict(rho.get(f, {}))
+                  for f, u in fitted.items()}
+        own = _owned(fitted, sorted(fitted), floor, cfg.tol)
+    else:
+        fitted = {f: _up_to(u, floor[f], cfg.tol, rho.get(f, {})) for f, u in fitted.items()}
+        own = {}
+    return Step(need=[], result=({f: {r: v for r, v in u.items() if v > 0}
+                                  for f, u in fitted.items()}, own))
 
 
 def _up_to(uses: Mapping[int, float], t: float, tol: float,
