@@ -548,6 +548,18 @@ def test_joint_refit_cutting_plane_gives_the_full_lp(tmp_path, monkeypatch) -> N
     assert full and all(a == b for a, b in full)  # POLISH_NEAR 0: every bound from the start
     assert cut and all(a < b / 2 for a, b in cut)  # most bounds never needed
     np.testing.assert_allclose(preds[1], preds[0], rtol=1e-6)
+    # the resources of their own: each used by one behaviour class, the bottleneck of its
+    # forms alone, at their singletons
+    classes = model.provenance["behaviour_classes"]
+    owned = [r for r in model.resources if r.startswith(resmodel.OWN)]
+    assert owned
+    for r in owned:
+        rep = r.removeprefix(resmodel.OWN)
+        users = [f for f, u in model.rho.items() if r in u]
+        assert rep in users and set(users) <= {rep, *classes.get(rep, [])}
+        for f in users:
+            assert resmodel.predict(model, {f: 1}) == (model.rho[f][r], r)
+            assert model.rho[f][r] == pytest.approx(sim.measure([f])[0], rel=1e-6)
 
 
 def _kinds(kernels: list[dict[str, int]], widths: dict[str, int]) -> dict[str, list]:
@@ -732,6 +744,40 @@ def test_wide_uses_are_raised_to_the_forms_own_time() -> None:
     assert palmed.wide._up_to({0: 1.7, 3: 0.9}, 3.0, 0.05, {0: 3.0}) == {0: 3.0, 3: 0.9}
     assert palmed.wide._up_to({0: 2.9, 3: 0.9}, 3.0, 0.05, {}) == {0: 2.9, 3: 0.9}
     assert palmed.wide._up_to({2: 0.0}, 3.0, 0.05, {1: 3.0, 2: 0.5}) == {1: 3.0, 2: 0.5}
+
+
+def test_own_resource_explains_a_unit_held_longer_than_its_port() -> None:
+    """A form D that takes port 0 for 1 cycle and a unit of its own for 2 (a non-pipelined
+    divider): the joint refit leaves D's share of port 0 at what its mixes with A say, and
+    ``_owned`` gives D a resource of its own of its singleton's size. Every measured kernel
+    and a held-out one are then predicted exactly; scaling D's uses up to its singleton
+    instead (``_explained`` without it) charges port 0 with D's 2 cycles and predicts the
+    held-out mix 25 % too slow."""
+    exact = {"A": 1.0, "D": 2.0, "A D": 2.0, "A*2 D": 3.0, "A*3 D": 4.0, "A D*2": 4.0}
+    forms = ["A", "D"]
+    singletons = {f: exact[f] for f in forms}
+    cfg = palmed.PalmedConfig(tol=0.05)
+    stats = palmed._LPStats()
+    # the per-form fits: D's rise over the saturated port 0, 1 cycle a copy
+    out = palmed._polish({"A": {0: 1.0}, "D": {0: 1.0}}, 1, forms, singletons, exact, cfg,
+                         set(), stats, lambda _: None)
+    assert out["A"] == pytest.approx({0: 1.0}) and out["D"] == pytest.approx({0: 1.0})
+    # the singletons and "A D*2" (4 cycles on D's unit, 3 on port 0) fit no tightness row
+    assert stats.refit["own_rows"] == 3
+    own = palmed.refit._owned(out, forms, singletons, cfg.tol)
+    assert own == {"D": 2.0}
+
+    def cycles(rho: dict, k: dict[str, int]) -> float:
+        return max(palmed._predict(rho, 1, k).max(), k.get("D", 0) * own.get("D", 0.0))
+
+    held_out = {"A": 3, "D": 1}  # port 0: 4 cycles, D's unit 2
+    for text, m in exact.items():
+        assert cycles(out, parse_canonical(text)) == pytest.approx(m, rel=1e-6), text
+    assert cycles(out, held_out) == pytest.approx(4.0, rel=1e-6)
+    scaled, _, _ = palmed.refit._explained(out, [{"A": 1}], [({"A": 1}, 1.0)], forms,
+                                           singletons, cfg, lambda _: None)
+    assert scaled["D"] == pytest.approx({0: 2.0})
+    assert palmed._predict(scaled, 1, held_out).max() == pytest.approx(5.0)
 
 
 def test_polish_keeps_the_uses_it_is_not_free_to_move() -> None:

@@ -89,7 +89,9 @@ refinement round is dropped if it raises the misfit of singletons and pairs. Use
 estimated from differences of measurements (``M(SK + i^n) - M(SK)``), which amplify relative
 noise by about ``T(SK) / (n t(i))``, and refinement rarely helps under noise, so the core must
 find the resources: hence 28 basic instructions (with 16, 8% RMS at 2% noise; with 28, 4.9%).
-Finally every form's model explains its own singleton (``_explained``).
+Finally every form's model explains its own singleton: under noise, after the joint refit, a
+form left short of it gets a resource of its own (``refit._owned``); otherwise its uses are
+scaled up (``_explained``).
 
 Modules, each importing only those before it: ``config`` (``PalmedConfig``, the thresholds,
 the shared types), ``kernels`` (stages 1-3, random test kernels, mixes, which measured kernels a
