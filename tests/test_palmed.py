@@ -377,7 +377,7 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     assert stats.refit["kernels"] == len(meas) and stats.refit["candidate_bounds"] == 2 * len(meas)
     # the singletons fit no tightness row
     assert stats.refit["own_rows"] == 3
-    own = palmed.refit._owned(out, forms, singletons, cfg.tol)
+    own = palmed.refit._owned(out, forms, singletons)
     assert own == {"C": 0.25} and not out["C"]
 
     def cycles(k: dict[str, int]) -> float:
@@ -394,7 +394,7 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
                           stats, lambda _: None)
     # (A and B are then in no kernel but their singletons, which fit no tightness row: their
     # own resources explain them)
-    alone = palmed.refit._owned(kept, forms, singletons, cfg.tol)
+    alone = palmed.refit._owned(kept, forms, singletons)
     assert alone == {"A": 0.5, "B": 0.5}
     assert palmed._predict(kept, 3, {"A": 1, "B": 1}).max() < 0.5
     # above the size budget (9 bounds: 4 kernels of 2 upper bounds): a sample of the 3
@@ -418,7 +418,7 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     assert out["D"] == pytest.approx({2: 0.3})
     # the mix exactly (its tightness row), the singletons within their upper bound or by
     # their own resource
-    own = palmed.refit._owned(out, forms_d, {**singletons, "D": 0.3}, small.tol)
+    own = palmed.refit._owned(out, forms_d, {**singletons, "D": 0.3})
     for text in texts:
         k = parse_canonical(text)
         p = max(palmed._predict(out, 3, k).max(), *(n * own.get(f, 0.0) for f, n in k.items()))
@@ -764,7 +764,7 @@ def test_own_resource_explains_a_unit_held_longer_than_its_port() -> None:
     assert out["A"] == pytest.approx({0: 1.0}) and out["D"] == pytest.approx({0: 1.0})
     # the singletons and "A D*2" (4 cycles on D's unit, 3 on port 0) fit no tightness row
     assert stats.refit["own_rows"] == 3
-    own = palmed.refit._owned(out, forms, singletons, cfg.tol)
+    own = palmed.refit._owned(out, forms, singletons)
     assert own == {"D": 2.0}
 
     def cycles(rho: dict, k: dict[str, int]) -> float:
