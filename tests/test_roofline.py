@@ -513,6 +513,30 @@ def test_best_of_k_when_every_short_call_was_slowed():
     assert other["flops_per_cycle"] == pytest.approx(2.0, rel=2e-3)
 
 
+def test_median_calls_without_a_positive_time(monkeypatch):
+    """A busy host can leave the median calls no positive difference (the default run on
+    Zen 4 stopped on it with a ZeroDivisionError): that run's median rate is None, its
+    undisturbed estimate stands; a run whose estimate is not positive counts as failed."""
+    from cpumap.roofline import ceilings
+
+    specs = {"ADDSD_XMM_XMM": _spec("ADDSD_XMM_XMMM64")}
+    plan = [{"variant": "scalar-dp-add", "level": "scalar", "precision": "dp",
+             "operation": "add", "kernel": "ADDSD_XMM_XMM", "status": "planned", "reason": ""}]
+    params = json.dumps({"roofline": {"cpu": 0, "concurrent": 1}})
+    df = pd.DataFrame([{"kernel": "ADDSD_XMM_XMM", "params": params, "status": "ok"}])
+    agg = {"cycles_per_instance_est": 0.5, "cycles_per_instance_median": 0.0,
+           "calib_ratio": 1.0, "rel_uncertainty": 0.01, "reps": 3}
+    monkeypatch.setattr(ceilings.estimate, "batch_ratios", lambda rows: {})
+    monkeypatch.setattr(ceilings.estimate, "aggregate",
+                        lambda grp, ratios=None: pd.DataFrame([agg]))
+    rec = ceilings.summarize(df, plan, specs)[0]
+    assert rec["status"] == "ok" and rec["one_core"]["flops_per_cycle"] == pytest.approx(2.0)
+    assert rec["one_core"]["flops_per_cycle_median"] is None
+    agg["cycles_per_instance_est"] = 0.0
+    rec = ceilings.summarize(df, plan, specs)[0]
+    assert rec["status"] == "failed" and "positive" in rec["reason"]
+
+
 def test_l1_read_limit_and_check():
     """The L1 read ceiling the CPU implies for the sweep's 256-bit loads, and the check."""
     assert peak.l1_read_limit("zen4")["bytes_per_cycle"] == 64

@@ -18,6 +18,7 @@ another busy core changes what a measurement means.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -175,19 +176,24 @@ def summarize(rows: pd.DataFrame, plan: list[dict], specs: Mapping[str, FormSpec
             # ceiling is what the CPU does, not what the neighbours let it do
             cyc = float(agg["cycles_per_instance_est"])
             cyc_med = float(agg["cycles_per_instance_median"])
+            if not (math.isfinite(cyc) and cyc > 0):
+                continue  # no undisturbed difference: as a run without an ok repetition
             cpu = int(run.get("cpu", -1))
             ratio = float(agg["calib_ratio"])
             per_run[(int(run.get("concurrent", 1)), cpu)] = {
                 "cpu": cpu, "cycles_per_instance": cyc,
                 "uncertainty": float(agg["rel_uncertainty"]),
                 "cycles_per_instance_median": cyc_med,
-                "flops_per_cycle": fpi / cyc, "flops_per_cycle_median": fpi / cyc_med,
+                # the median calls may give no positive difference on a busy host (seen on
+                # Zen 4 with neighbours on the ALUs: the default run stopped here): no rate
+                "flops_per_cycle": fpi / cyc,
+                "flops_per_cycle_median": fpi / cyc_med if cyc_med > 0 else None,
                 "calib_ratio": ratio, "reps": int(agg["reps"]),
                 "core_ghz": ratio * tsc_ghz if tsc_ghz else None,
                 "gflops": fpi / cyc * ratio * tsc_ghz if tsc_ghz else None,
             }
         if not per_run:
-            rec |= {"status": "failed", "reason": "no ok repetition"}
+            rec |= {"status": "failed", "reason": "no ok repetition with a positive time"}
             out.append(rec)
             continue
         ones = [r for (n, _c), r in per_run.items() if n == 1]
@@ -199,7 +205,8 @@ def summarize(rows: pd.DataFrame, plan: list[dict], specs: Mapping[str, FormSpec
             rec["all_cores"] = {
                 "cores": len(alls),
                 "flops_per_cycle": sum(r["flops_per_cycle"] for r in alls),
-                "flops_per_cycle_median": sum(r["flops_per_cycle_median"] for r in alls),
+                "flops_per_cycle_median": sum(r["flops_per_cycle_median"] for r in alls)
+                if all(r["flops_per_cycle_median"] is not None for r in alls) else None,
                 "gflops": sum(r["gflops"] for r in alls) if all(r["gflops"] for r in alls)
                 else None,
                 "per_core": sorted(alls, key=lambda r: r["cpu"]),

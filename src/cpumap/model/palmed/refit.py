@@ -123,10 +123,8 @@ def _owned(rho: Mapping[str, Mapping[int, float]], forms: Sequence[str],
            singletons: Mapping[str, float]) -> dict[str, float]:
     """form -> the use of a resource of its own (its singleton time), for the forms whose
     shared uses predict them alone below their singleton after the joint refit (by any
-    amount: the refit leaves the singletons free, so their time must come from somewhere.
-    Only where the shortfall was above tol, Zen 4's full profile replayed from its database
-    gave RMS 8.28 % / tau 0.888 on its held-out kernels against 8.15 % / 0.885 before: the
-    forms a few % short took their kernels below their floor).
+    amount: the refit leaves the singletons free, so their time must come from somewhere;
+    giving it only where the shortfall exceeded tol changed nothing measurable).
 
     Why: a form that holds a unit of its own longer than the ports it shares (a
     non-pipelined unit: VPCLMULQDQ ymm on Zen 4 takes 2 cycles alone, its port 1 beside
@@ -134,10 +132,8 @@ def _owned(rho: Mapping[str, Mapping[int, float]], forms: Sequence[str],
     then over-charges every kernel it is mixed into (measured fully overlapped beside
     VCVTPH2PS ymm, 6.01 cycles, predicted 7.50). A resource only its class uses, of its
     singleton's size, lets the shared uses be what the mixes say (``_polish`` frees the
-    kernels whose own floor is above the shared prediction). Offline on the stop-41 Zen 4
-    full-profile database, against the singleton held within 2 % and scaled up: held-out
-    RMS / tau 9.48 % / 0.881 -> 9.18 % / 0.887, 8.54 / 0.883 -> 8.30 / 0.885, 8.07 / 0.886
-    -> 8.03 / 0.891, 10.06 / 0.880 -> 9.78 / 0.887 on four sets (with the wide stage's alike).
+    kernels whose own floor is above the shared prediction). Zen 4 full profile, its
+    database refitted (docs/model.md): held-out tau 0.885 -> 0.888, RMS 8.2 -> 8.3 %.
     """
     out = {}
     for f in forms:
