@@ -202,7 +202,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
                     f"{now_s:.2%} vs {prev_s:.2%} without it)")
                 prev = polished(prev, saturating[:n_prev])
-                own = _owned(prev, forms, singletons)
+                own = _owned(prev, forms, singletons, cfg.tol)
                 return Step(need=[], result=(*_explained(
                     prev, defining[:n_prev], saturating[:n_prev], forms,
                     singletons, cfg, log, set(own)), own),
@@ -238,7 +238,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             own: dict[str, float] = {}
             if noisy:
                 rho = polished(rho, saturating)
-                own = _owned(rho, forms, singletons)
+                own = _owned(rho, forms, singletons, cfg.tol)
             return Step(need=[], result=(*_explained(
                 rho, defining, saturating, forms, singletons, cfg, log, set(own)), own),
                 state=refined)

@@ -312,7 +312,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     if refit:
         fitted = {f: {r: v for r, v in u.items() if v > 0} or dict(rho.get(f, {}))
                   for f, u in fitted.items()}
-        own = _owned(fitted, sorted(fitted), floor)
+        own = _owned(fitted, sorted(fitted), floor, cfg.tol)
     else:
         fitted = {f: _up_to(u, floor[f], cfg.tol, rho.get(f, {})) for f, u in fitted.items()}
         own = {}
