@@ -329,8 +329,9 @@ def _misfit(rho: Mapping[str, Mapping[int, float]], n_res: int,
             checks: Sequence[tuple[Kernel, float]],
             own: Mapping[str, float] | None = None) -> float:
     """RMS relative error of the predicted cycles of (kernel, measured cycles) pairs; with
-    ``own`` (form -> singleton time), as predicted once every form short of its singleton
-    has a resource of its own (``_owned``): never below ``_floor``."""
+    ``own`` (form -> singleton time), never below ``_floor``: as predicted once the forms
+    short of their singleton have a resource of their own (``_owned``; those short by less
+    than tol, which get none, are counted at their singleton here)."""
     if not checks:
         return 0.0
     err = [(max(float(_predict(rho, n_res, k).max()), _floor(k, own) if own else 0.0) - m) / m
