@@ -188,7 +188,7 @@ class ResourceModel:
         """Readable mapping: one row per form, one column per shared resource, the form's
         private resource (``private``; at most one: a chain's or its class's own) and its use,
         the predicted cycles of the form alone, its bottleneck resource and that resource's
-        label. (A column per private resource made the full model's table 1,300 columns
+        label. (A column per private resource made the Zen 4 full model's table 889 columns
         wide, nearly all zeros.)"""
         import pandas as pd  # local: the prediction path never needs it
 
