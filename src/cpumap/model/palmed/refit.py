@@ -327,13 +327,14 @@ def _within_budget(rows: list[tuple[Kernel, float, int]], n_max: int
 
 def _misfit(rho: Mapping[str, Mapping[int, float]], n_res: int,
             checks: Sequence[tuple[Kernel, float]],
-            own: Mapping[str, float] | None = None) -> float:
+            singletons: Mapping[str, float] | None = None) -> float:
     """RMS relative error of the predicted cycles of (kernel, measured cycles) pairs; with
-    ``own`` (form -> singleton time), never below ``_floor``: as predicted once the forms
+    ``singletons``, never below ``_floor``: as predicted once the forms
     short of their singleton have a resource of their own (``_owned``; those short by less
     than tol, which get none, are counted at their singleton here)."""
     if not checks:
         return 0.0
-    err = [(max(float(_predict(rho, n_res, k).max()), _floor(k, own) if own else 0.0) - m) / m
+    err = [(max(float(_predict(rho, n_res, k).max()),
+                _floor(k, singletons) if singletons else 0.0) - m) / m
            for k, m in checks]
     return float(np.sqrt(np.mean(np.square(err))))

@@ -167,11 +167,19 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             serial_at[len(sat)] = serialising(forms, sat, singletons, meas, cfg)
         return _serialised(rho, len(sat), serial_at[len(sat)], singletons, log)
 
-    def polished(rho: dict[str, dict[int, float]], sat: list) -> dict[str, dict[int, float]]:
-        """The joint refit, which does not know the serialising forms' rule: applied again
-        (to the forms ``fitted`` found for the same resources)."""
-        rho = _polish(rho, len(sat), forms, singletons, meas, cfg, bad, stats, log)
-        return _serialised(rho, len(sat), serial_at[len(sat)], singletons, lambda _m: None)
+    def result(rho: dict[str, dict[int, float]], sat: list) -> tuple:
+        """The stage's result with the resources of ``sat`` (the first of ``defining``).
+        Noisy: the joint refit, then the serialising forms' rule again (the refit does not
+        know it; the forms ``fitted`` found for the same resources), then a resource of their
+        own for the forms its shared uses leave short of their singleton. Every other form
+        explains its singleton (``_explained``)."""
+        n = len(sat)
+        own: dict[str, float] = {}
+        if noisy:
+            rho = _polish(rho, n, forms, singletons, meas, cfg, bad, stats, log)
+            rho = _serialised(rho, n, serial_at[n], singletons, lambda _m: None)
+            own = _owned(rho, forms, singletons, cfg.tol)
+        return (*_explained(rho, defining[:n], sat, forms, singletons, cfg, log, set(own)), own)
 
     while True:
         saturating = [_sat_est(d, t, target, cfg.max_kernel)
@@ -201,12 +209,8 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
                 prev = fitted(saturating[:n_prev])
                 log(f"refine: round {rounds - 1} dropped (misfit of singletons and pairs "
                     f"{now_s:.2%} vs {prev_s:.2%} without it)")
-                prev = polished(prev, saturating[:n_prev])
-                own = _owned(prev, forms, singletons, cfg.tol)
-                return Step(need=[], result=(*_explained(
-                    prev, defining[:n_prev], saturating[:n_prev], forms,
-                    singletons, cfg, log, set(own)), own),
-                    state=[r for r in refined if r[2] != rounds - 1])
+                return Step(need=[], result=result(prev, saturating[:n_prev]),
+                            state=[r for r in refined if r[2] != rounds - 1])
             log(f"refine: round {rounds - 1} kept (misfit {now_s:.2%} vs {prev_s:.2%})")
         # refinement: measured kernels the model under-predicts reveal missing resources
         cands: list[tuple[int, float, str]] = []
@@ -233,15 +237,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
             if cands:
                 log(f"refine: stopping with {len(cands)} under-predicted kernels "
                     f"(worst {-cands[0][1]:.1%})")
-            # noisy: the joint refit, then a resource of their own for the forms its shared
-            # uses leave short of their singleton
-            own: dict[str, float] = {}
-            if noisy:
-                rho = polished(rho, saturating)
-                own = _owned(rho, forms, singletons, cfg.tol)
-            return Step(need=[], result=(*_explained(
-                rho, defining, saturating, forms, singletons, cfg, log, set(own)), own),
-                state=refined)
+            return Step(need=[], result=result(rho, saturating), state=refined)
         added: list[Kernel] = []
         taken: set[str] = set()
         for _, gap, text in cands:
