@@ -411,6 +411,10 @@ def test_polish_joins_a_unit_two_forms_were_fitted_apart() -> None:
     kept = _within_budget([(parse_canonical(t), m, 0) for t, m in meas_d.items()], 4)
     texts = {_text(k) for k, _, _ in kept}
     assert texts == {"A", "B", "C", "A*2 B"}
+    # the training kernels go before the other mixes (after the singletons)
+    first = _within_budget([(parse_canonical(t), m, 0) for t, m in meas_d.items()], 4,
+                           first={"A D"})
+    assert {_text(k) for k, _, _ in first} == {"A", "B", "C", "A D"}
     out = palmed._polish(rho_d, 3, forms_d, {**singletons, "D": 0.3}, meas_d, small, set(),
                          sampled, lambda _: None)
     assert sampled.refit is not None and sampled.refit["done"]
@@ -885,6 +889,14 @@ def test_training_kernels_join_the_joint_refit(tmp_path) -> None:
     assert "training" not in runs[0][0].asked and runs[0][0].training() == []
     # every new training kernel is usable here (no interacting pair, none super-additive)
     assert with_training == runs[0][1] + 148
+    # above the refit's budget, the sample takes the training kernels before the other mixes
+    refit = stats["joint_refit"]
+    budget = (refit["single_form"] + 100) * (refit["resources"] - 1)
+    cfg = palmed.PalmedConfig(tol=0.07, max_basic=28, training_kernels=150,
+                              refit_max_bounds=budget)
+    _, stats = Build.start(noisy.forms, noisy.measure, cfg).fit(noisy.measure)
+    assert stats["joint_refit"]["sampled"] == refit["single_form"] + 100
+    assert stats["joint_refit"]["sampled_first"] == 100
 
 
 def test_wide_training_kernels_join_only_the_wide_refit() -> None:

@@ -164,12 +164,12 @@ def test_model_report_lists_resources_with_labels() -> None:
     assert "## Resources" in report and "| p1 | BSR: 1 per cycle | 1 | 1 |" in report
     # a refit over its budget says it ran on a sample, and how large
     refit = {"kernels": 10, "resources": 3, "candidate_bounds": 20, "max_bounds": 9,
-             "sampled": 4, "done": True, "bounds_used": 5, "lps": 1, "misfit_before": 0.1,
-             "misfit_after": 0.05}
+             "sampled": 4, "sampled_first": 2, "done": True, "bounds_used": 5, "lps": 1,
+             "misfit_before": 0.1, "misfit_after": 0.05}
     report = jobs.validation_report(nan, {"joint_refit": refit}, "m", 0)
     assert ("- joint refit: 10 kernels x 2 resources = 20 candidate upper bounds, above "
-            "refit_max_bounds 9: on a sample of 4 kernels (5 used, 1 LP(s)); RMS relative "
-            "misfit 10.00% -> 5.00%") in report
+            "refit_max_bounds 9: on a sample of 4 kernels (2 of them training kernels) (5 used, "
+            "1 LP(s)); RMS relative misfit 10.00% -> 5.00%") in report
 
 
 def test_wide_uses_replace_a_forms_uses_beside_a_trigger_form(tmp_path) -> None:

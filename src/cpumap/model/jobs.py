@@ -292,7 +292,8 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
         size = (f"{r['kernels']} kernels x {r['resources'] - 1} resources = "
                 f"{r['candidate_bounds']} candidate upper bounds")
         size += (f", above refit_max_bounds {r['max_bounds']}: on a sample of {r['sampled']} "
-                 "kernels") if "sampled" in r else ""
+                 f"kernels ({r.get('sampled_first', 0)} of them training kernels)"
+                 ) if "sampled" in r else ""
         return f"not run: {size}" if not r["done"] else (
             f"{size} ({r['bounds_used']} used, {r['lps']} LP(s)); RMS relative misfit "
             f"{r['misfit_before']:.2%} -> {r['misfit_after']:.2%}")

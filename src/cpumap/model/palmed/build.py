@@ -311,7 +311,8 @@ class Build:
         while True:
             step = fit_remaining(self.core, self.forms, self.singletons, self.meas, state=state,
                                  classes=self.basic.classes, config=self.config, log=log,
-                                 lp_stats=st, unsteady=set(self.layout))
+                                 lp_stats=st, unsteady=set(self.layout),
+                                 training=set(self.training()))
             state = step.state
             if step.done:
                 break

@@ -187,6 +187,15 @@ def behaviour_classes(forms: Sequence[str], fixed: Sequence[str],
     return Classes(rep_of, members)
 
 
+def through(k: Mapping[str, int], classes: Classes) -> Kernel:
+    """The kernel with every member replaced by its representative."""
+    sub: Kernel = {}
+    for f, n in k.items():
+        rep = classes.of(f)
+        sub[rep] = sub.get(rep, 0) + n
+    return sub
+
+
 def substituted(meas: Measurements, classes: Classes) -> dict[str, float]:
     """The measurements seen through the classes: every kernel holding a member also stands
     for the same kernel with the member's representative (where that was not measured
@@ -198,9 +207,5 @@ def substituted(meas: Measurements, classes: Classes) -> dict[str, float]:
         k = parse_canonical(text)
         if all(classes.of(f) == f for f in k):
             continue
-        sub: Kernel = {}
-        for f, n in k.items():
-            rep = classes.of(f)
-            sub[rep] = sub.get(rep, 0) + n
-        out.setdefault(_text(sub), m)
+        out.setdefault(_text(through(k, classes)), m)
     return out

@@ -149,7 +149,8 @@ def _owned(rho: Mapping[str, Mapping[int, float]], forms: Sequence[str],
 def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[str],
             singletons: Mapping[str, float], meas: Measurements, cfg: PalmedConfig,
             bad: set[frozenset[str]], stats: _LPStats, log: Log,
-            free: Mapping[str, Set[int]] | None = None) -> dict[str, dict[int, float]]:
+            free: Mapping[str, Set[int]] | None = None, first: Set[str] = frozenset(),
+            ) -> dict[str, dict[int, float]]:
     """Noisy measurements: one joint LP over every form's uses and every measured kernel.
 
     Why: the per-form LPs fix every other form's uses, so each form absorbs the errors of the
@@ -180,7 +181,8 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     12-port/1000-form machine at 2 % noise), took 9.3 s an LP; the native full profile's,
     135,000 x 23, 8 min and 3.9 GB; about 190,000 x 29 was still in its first LP after
     26 min (interior point) and 35 min (dual simplex). ``stats.refit["sampled"]`` says how
-    many kernels the sample kept.
+    many kernels the sample kept; ``first``: kernels (texts) the sample takes before the other
+    mixes (the random training kernels, drawn like the held-out ones).
     """
     tol = cfg.tol
     known = set(forms)
@@ -195,14 +197,17 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     if not rows or not n_res:
         return {f: dict(v) for f, v in rho.items()}
     n_bounds = len(rows) * (n_res - 1)
-    stats.refit = {"kernels": len(rows), "resources": n_res, "candidate_bounds": n_bounds,
+    stats.refit = {"kernels": len(rows), "single_form": sum(len(k) == 1 for k, _, _ in rows),
+                   "resources": n_res, "candidate_bounds": n_bounds,
                    "max_bounds": cfg.refit_max_bounds, "done": False}
     if cfg.refit_max_bounds is not None and n_bounds > cfg.refit_max_bounds:
-        rows = _within_budget(rows, cfg.refit_max_bounds // max(n_res - 1, 1))
+        rows = _within_budget(rows, cfg.refit_max_bounds // max(n_res - 1, 1), first)
         stats.refit["sampled"] = len(rows)
+        stats.refit["sampled_first"] = sum(_text(k) in first for k, _, _ in rows)
         log(f"polish: {stats.refit['kernels']} kernels x {n_res - 1} resources = {n_bounds} "
             f"candidate upper bounds, above refit_max_bounds {cfg.refit_max_bounds}: the "
-            f"refit runs on a sample of {len(rows)} kernels (every single-form kernel kept)")
+            f"refit runs on a sample of {len(rows)} kernels (every single-form kernel kept, "
+            f"{stats.refit['sampled_first']} training kernels)")
         if not rows:
             return {f: dict(v) for f, v in rho.items()}
     fidx = {f: i for i, f in enumerate(forms)}
@@ -306,10 +311,10 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     return out
 
 
-def _within_budget(rows: list[tuple[Kernel, float, int]], n_max: int
-                   ) -> list[tuple[Kernel, float, int]]:
-    """At most ``n_max`` of ``rows``: every single-form kernel, then the others in the order
-    of a hash of their text.
+def _within_budget(rows: list[tuple[Kernel, float, int]], n_max: int,
+                   first: Set[str] = frozenset()) -> list[tuple[Kernel, float, int]]:
+    """At most ``n_max`` of ``rows``: every single-form kernel, then the kernels of ``first``,
+    then the others, each group in the order of a hash of their text.
 
     Why a sample rather than no refit: a kept refinement round took a native full profile's
     refit over its budget (199,471 kernels x 25 resources, Sapphire Rapids-class guest), and
@@ -318,10 +323,15 @@ def _within_budget(rows: list[tuple[Kernel, float, int]], n_max: int
     the mixes gave 9.2 %. The singletons stay so that every form keeps a kernel of
     its own time; the hash (CRC-32, not Python's salted ``hash``) gives the same sample in
     every process and run, and one that does not depend on the order of the database.
+    ``first`` (the random training kernels) go before the mixes Palmed's stages chose, which
+    outnumber them ten to one and are not the kernels the model is used on.
     """
+    def order(row: tuple[Kernel, float, int]) -> tuple[bool, int]:
+        text = _text(row[0])
+        return text not in first, zlib.crc32(text.encode())
+
     single = [row for row in rows if len(row[0]) == 1]
-    mixed = sorted((row for row in rows if len(row[0]) != 1),
-                   key=lambda row: zlib.crc32(_text(row[0]).encode()))
+    mixed = sorted((row for row in rows if len(row[0]) != 1), key=order)
     return single[:n_max] + mixed[:max(n_max - len(single), 0)]
 
 

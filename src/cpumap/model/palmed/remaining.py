@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 
 from cpumap.measure.asmgen import parse_canonical
-from cpumap.model.palmed.classes import behaviour_classes, substituted
+from cpumap.model.palmed.classes import behaviour_classes, substituted, through
 from cpumap.model.palmed.config import (
     NOISY_TOL,
     REFINE_GAIN,
@@ -50,7 +50,8 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
                   state: Sequence[tuple[Mapping[str, int], float, int, float]] = (),
                   classes: Mapping[str, Sequence[str]] | None = None,
                   config: PalmedConfig | None = None, log: Log = _nolog,
-                  lp_stats: _LPStats | None = None, unsteady: Set[str] = frozenset()) -> Step:
+                  lp_stats: _LPStats | None = None, unsteady: Set[str] = frozenset(),
+                  training: Set[str] = frozenset()) -> Step:
     """Stage 7: the uses of every form, then refinement with the resources the core missed.
 
     ``state`` lists the refinement resources found so far as (defining kernel, construction
@@ -92,8 +93,9 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
         return Step(need=light, state=list(state))
     behaviour = behaviour_classes(forms, core.basic, saturating, singletons, meas, cfg,
                                   full=core.n_resources)
+    first = {_text(through(parse_canonical(t), behaviour)) for t in training}
     step = _fit_reps(core, behaviour.reps, singletons, substituted(meas, behaviour), state,
-                     classes, cfg, log, lp_stats or _LPStats(), unsteady)
+                     classes, cfg, log, lp_stats or _LPStats(), unsteady, first)
     if step.need:
         return step
     rho, defining, saturating_out, own = step.result
@@ -118,9 +120,10 @@ def fit_remaining(core: Core, forms: Sequence[str], singletons: Mapping[str, flo
 def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
               meas: Measurements, state: Sequence[tuple[Mapping[str, int], float, int, float]],
               classes: Mapping[str, Sequence[str]] | None, cfg: PalmedConfig, log: Log,
-              stats: _LPStats, unsteady: Set[str] = frozenset()) -> Step:
+              stats: _LPStats, unsteady: Set[str] = frozenset(),
+              first: Set[str] = frozenset()) -> Step:
     """``fit_remaining`` for forms that each stand for themselves (the representatives,
-    sorted)."""
+    sorted); ``first``: the training kernels as the representatives see them."""
     # (defining kernel, construction time, round, misfit of singletons and pairs before the
     # round: what the round is judged against)
     refined = [(dict(k), float(t), int(rnd), float(before)) for k, t, rnd, before in state]
@@ -176,7 +179,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
         n = len(sat)
         own: dict[str, float] = {}
         if noisy:
-            rho = _polish(rho, n, forms, singletons, meas, cfg, bad, stats, log)
+            rho = _polish(rho, n, forms, singletons, meas, cfg, bad, stats, log, first=first)
             rho = _serialised(rho, n, serial_at[n], singletons, lambda _m: None)
             own = _owned(rho, forms, singletons, cfg.tol)
         return (*_explained(rho, defining[:n], sat, forms, singletons, cfg, log, set(own)), own)
