@@ -252,7 +252,7 @@ def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path):
     for b, rows in parts.items():
         db.append(tmp_path, rows, b)
     machine, pid = parts["b0"].machine_id[0], db.params_id(PARAMS)
-    agg, tried = aggregate_db(tmp_path, machine, pid, "1", estimate.STABLE_TOL)
+    agg, tried, _ = aggregate_db(tmp_path, machine, pid, "1", estimate.STABLE_TOL)
     every = pd.concat([parts[b] for b in ("b0", "b1", "b2")], ignore_index=True)
     whole = estimate.aggregate(db.conform(every), estimate.STABLE_TOL)
     assert estimate.batch_ratios(db.conform(every))  # the calibration samples were used
@@ -283,6 +283,60 @@ def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):
     assert m.again(["A"], "repeat-other") == {}  # nothing of that stage, measuring off
     with pytest.raises(ValueError, match="repeat"):
         m.again(["A"], "validation-s1")
+
+
+def test_a_batch_keeps_its_estimates_as_later_batches_come(tmp_path, monkeypatch):
+    """A batch's clock ratio pools the samples of the earlier batches that agree with it
+    (within CLOCK_AGREE), never the later ones: the estimate the Measurer returns as it
+    measures a batch is the one the database gives after more batches came, and the earlier
+    batches' estimates stay as they were (a rebuild from the database gives the same model)."""
+    from test_db import PARAMS, make_rows
+
+    from cpumap.measure.backend import Measurer, aggregate_db
+    from cpumap.store import db
+
+    def batch(name: str, kernel: str, cpi: float, ratio: float, minute: int,
+              chains: float | None = None) -> pd.DataFrame:
+        """Rows of a batch run at clock ``ratio``, its calibration chains at ``chains``."""
+        rows = make_rows(name, {kernel: [cpi] * 16})
+        ticks = np.round(cpi * 200_000 / ratio)
+        ratio = chains or ratio
+        rows["ticks1"], rows["ticks2"] = ticks, 2 * ticks
+        every = rows.index % 4 == 0
+        rows["cal_adds"] = np.where(every, 50_000.0, np.nan)
+        rows["cal1"] = np.where(every, np.round(50_000 / ratio) + 3 * (rows.index % 3), np.nan)
+        rows["cal2"] = np.where(every, np.round(100_000 / ratio) + 5 * (rows.index % 2), np.nan)
+        rows["timestamp"] = pd.Timestamp("2026-01-02T03:00:00Z") + pd.Timedelta(minutes=minute)
+        return rows
+
+    # b1's chains slowed by a neighbour (its own ratio 0.7 % low): pooled with b0's; b2,
+    # measured after, is faster still, and within CLOCK_AGREE of both
+    b0, b1 = batch("b0", "A", 1.0, 1.43, 0), batch("b1", "C", 2.0, 1.43, 1, chains=1.42)
+    b2 = batch("b2", "D", 3.0, 1.435, 2)
+    db.append(tmp_path, b0, "b0")
+    key = (b0.machine_id[0], db.params_id(PARAMS), "1", estimate.STABLE_TOL)
+    agg = aggregate_db(tmp_path, *key)[0]
+    before = dict(zip(agg.kernel, agg.cycles_per_instance_est, strict=True))
+    m = Measurer({"machine_id": b0.machine_id[0]}, pd.DataFrame(), PARAMS, tmp_path,
+                 tmp_path / "work")
+    m.params_id, m.version = db.params_id(PARAMS), "1"
+
+    def measure_new(todo: list[str], stage: str) -> pd.DataFrame:
+        assert todo == ["C"]
+        db.append(tmp_path, b1, "b1")
+        return db.conform(b1)
+
+    monkeypatch.setattr(m, "_measure_new", measure_new)
+    got = m.measure(["A", "C"], "stage")
+    assert got["A"] == before["A"]
+    # pooled with b0: the neighbour's 0.7 % is gone (its own ratio says 2.0 x 1.42/1.43)
+    own = estimate.aggregate(db.conform(b1), estimate.STABLE_TOL).cycles_per_instance_est[0]
+    assert got["C"] == pytest.approx(2.0, rel=1e-3) and own == pytest.approx(1.986, rel=1e-3)
+    db.append(tmp_path, b2, "b2")
+    agg = aggregate_db(tmp_path, *key)[0]
+    after = dict(zip(agg.kernel, agg.cycles_per_instance_est, strict=True))
+    assert after["A"] == got["A"] and after["C"] == got["C"]  # exactly: b2 came later
+    assert after["D"] == pytest.approx(3.0, rel=1e-3)
 
 
 def test_a_large_request_is_measured_and_stored_in_several_batches(tmp_path, monkeypatch):

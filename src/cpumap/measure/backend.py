@@ -133,7 +133,7 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
 
 #: The columns the calibration of a batch needs (estimate.batch_ratios), read in a first pass.
 _CAL_COLUMNS = ["machine_id", "batch_id", "params_id", "harness_version", "kernel", "cal1",
-                "cal2", "cal_adds"]
+                "cal2", "cal_adds", "timestamp"]
 
 
 def _calibration(part: pd.DataFrame) -> pd.DataFrame:
@@ -143,9 +143,10 @@ def _calibration(part: pd.DataFrame) -> pd.DataFrame:
 
 
 def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version: str,
-                 stable_tol: float) -> tuple[pd.DataFrame, set[str]]:
+                 stable_tol: float) -> tuple[pd.DataFrame, set[str], pd.DataFrame]:
     """``estimate.aggregate`` of a database's rows of one machine, parameter set and harness,
-    and every kernel text with a row (failed ones too), reading one part at a time.
+    every kernel text with a row (failed ones too), and the calibration samples
+    (``_calibration``), reading one part at a time.
 
     The same table as aggregating all rows at once (each kernel's estimate depends only on its
     own rows and its batch's clock ratio), in the memory of the largest part: all rows at once
@@ -163,7 +164,8 @@ def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version:
         cal_rows.append(_calibration(part))
         for k in part.kernel.astype(str).unique():
             seen[k] = seen.get(k, 0) + 1
-    ratios = estimate.batch_ratios(pd.concat(cal_rows)) if cal_rows else {}
+    cal = pd.concat(cal_rows) if cal_rows else _calibration(db.empty_frame())
+    ratios = estimate.batch_ratios(cal)
     shared = {k for k, n in seen.items() if n > 1}
     out: list[pd.DataFrame] = []
     later: list[pd.DataFrame] = []
@@ -178,7 +180,7 @@ def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version:
     out = [a for a in out if len(a)]
     agg = pd.concat(out, ignore_index=True) if out else estimate.aggregate(
         db.empty_frame(), stable_tol, ratios)
-    return agg, set(seen)
+    return agg, set(seen), cal
 
 
 def monitor_db(db_dir: Path, machine_id: str, stable_tol: float) -> pd.DataFrame:
@@ -228,6 +230,7 @@ class Measurer:
         self.max_uncertainty = max_uncertainty
         self.too_uncertain: set[str] = set()
         self._known: dict[str, float] | None = None
+        self._cal = _calibration(db.empty_frame())  # the database's calibration samples
         self._uncertainty: dict[str, float] = {}  # kernel -> rel. uncertainty of its estimate
         self.measured_now = 0
 
@@ -253,8 +256,9 @@ class Measurer:
         """Estimated cycles per instance (cpumap.measure.estimate) of every usable kernel in the
         DB for this machine/params."""
         if self._known is None:
-            agg, self._tried = aggregate_db(self.db_dir, self.machine_id, self.params_id,
-                                            self.version, self.bench.stable_tol)
+            agg, self._tried, self._cal = aggregate_db(
+                self.db_dir, self.machine_id, self.params_id, self.version,
+                self.bench.stable_tol)
             self._known = {} if self.remeasure and self.allow_measure else self._usable(agg)
         return self._known
 
@@ -301,7 +305,11 @@ class Measurer:
             part = todo[i:i + MEASURE_CHUNK]
             rows = self._measure_new(part, stage)
             self._tried |= set(part)
-            known.update(self._usable(estimate.aggregate(rows, self.bench.stable_tol)))
+            # the batch's clock ratio as the database will give it (pooled with the earlier
+            # batches: ``estimate.batch_ratios``), so that a rebuild reads the same estimates
+            self._cal = pd.concat([self._cal, _calibration(rows)], ignore_index=True)
+            known.update(self._usable(estimate.aggregate(
+                rows, self.bench.stable_tol, estimate.batch_ratios(self._cal))))
         return {k: known[k] for k in canon if k in known}
 
     def again(self, kernels: list[str], stage: str) -> dict[str, float]:

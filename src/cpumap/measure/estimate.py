@@ -110,6 +110,12 @@ def _fastest(x: np.ndarray) -> float:
     return float(x[x <= x.min() + ROBUST_STEP_TICKS].mean())
 
 
+def _near_fastest(x: np.ndarray) -> np.ndarray:
+    """The samples ``_fastest`` of these samples, or of them pooled with others, can use."""
+    x = x[np.isfinite(x)]
+    return x[x <= x.min() + ROBUST_STEP_TICKS] if x.size else x
+
+
 def calib_ratio(cal1: np.ndarray, cal2: np.ndarray, adds: float) -> float:
     """Core cycles per TSC tick from calibration samples: ``adds`` more dependent adds in the
     2n chain than in the n chain, over the difference of their fastest samples (chains of
@@ -201,10 +207,10 @@ def _uncertainty(est: np.ndarray, c1: np.ndarray, c2: np.ndarray, gid: np.ndarra
     return unc
 
 
-#: Batches whose own ratios lie within this of the ratio of all their samples pooled share
-#: that ratio: what separates them is the calibration chain slowed by a neighbour (0.2-0.7 %
-#: seen here), not the clock (within 0.1 % over an hour of quiet runs on the reference guest).
-#: Beyond it the clock itself moved, and each batch keeps its own.
+#: A batch pools its calibration samples with those of the earlier batches whose own ratios lie
+#: within this of its own: what separates them is the calibration chain slowed by a neighbour
+#: (0.2-0.7 % seen here), not the clock (within 0.1 % over an hour of quiet runs on the
+#: reference guest). Beyond it the clock itself moved, and those batches stay apart.
 CLOCK_AGREE = 0.01
 
 
@@ -215,10 +221,16 @@ def batch_ratios(df: pd.DataFrame) -> dict[tuple[str, str], float]:
 
     Why not each kernel's own samples: the dependent-add chain is slowed by a busy neighbour
     as well, which lowers the ratio and so every cycle count, and a kernel's samples may all
-    fall inside one burst; a batch's samples span its rounds, seconds apart. Batches of one
-    machine and parameter set whose ratios agree within ``CLOCK_AGREE`` share the ratio of all
-    their samples (a burst that covered a whole batch then costs nothing either). Batches
-    without samples (older rows, simulated ones) are absent.
+    fall inside one burst; a batch's samples span its rounds, seconds apart. A batch also
+    pools the samples of the batches of its machine and parameter set measured before it
+    (``timestamp``, then batch id) whose own ratios agree with its own within
+    ``CLOCK_AGREE`` (a burst that covered a whole batch then costs nothing either). Only the
+    earlier ones: a batch's ratio, and so every estimate of its kernels, is then what it was
+    when it was measured, whatever the database gained after (a rebuild from the database
+    gives the same model; pooled with every batch, the estimates moved by a few parts per
+    million as later batches came, and a default run's model rebuilt from its own database
+    differed: 8 of 2,159 mapping kernels chosen otherwise). Batches without samples (older
+    rows, simulated ones) are absent.
     """
     cols = {"machine_id", "batch_id", "params_id", "cal1", "cal2", "cal_adds"}
     if not cols <= set(df.columns):
@@ -227,16 +239,23 @@ def batch_ratios(df: pd.DataFrame) -> dict[tuple[str, str], float]:
     out: dict[tuple[str, str], float] = {}
     for _, same in have.groupby(["machine_id", "params_id", "cal_adds"], sort=False):
         adds = float(same["cal_adds"].iat[0])
-        own = {(str(b), str(p)): calib_ratio(g["cal1"].to_numpy("float64"),
-                                             g["cal2"].to_numpy("float64"), adds)
-               for (b, p), g in same.groupby(["batch_id", "params_id"], sort=False)}
-        own = {k: v for k, v in own.items() if np.isfinite(v)}
-        pooled = calib_ratio(same["cal1"].to_numpy("float64"),
-                             same["cal2"].to_numpy("float64"), adds)
-        if np.isfinite(pooled) and all(abs(v / pooled - 1) <= CLOCK_AGREE
-                                       for v in own.values()):
-            own = dict.fromkeys(own, pooled)
-        out |= own
+        batches = []
+        for (b, p), g in same.groupby(["batch_id", "params_id"], sort=False):
+            t = g["timestamp"].min() if "timestamp" in g else pd.NaT
+            c1, c2 = g["cal1"].to_numpy("float64"), g["cal2"].to_numpy("float64")
+            # only a batch's fastest samples can be a pool's fastest (``_fastest``)
+            batches.append((pd.NaT if pd.isna(t) else pd.Timestamp(t), str(b), str(p),
+                            _near_fastest(c1), _near_fastest(c2), calib_ratio(c1, c2, adds)))
+        # measuring order: timestamp, then batch id (rows without a timestamp first)
+        batches.sort(key=lambda x: (not pd.isna(x[0]), x[0] if not pd.isna(x[0]) else 0, x[1]))
+        for i, (_, b, p, _c1, _c2, own) in enumerate(batches):
+            if not np.isfinite(own):
+                continue
+            pool = [x for x in batches[:i + 1]
+                    if np.isfinite(x[5]) and abs(x[5] / own - 1) <= CLOCK_AGREE]
+            pooled = calib_ratio(np.concatenate([x[3] for x in pool]),
+                                 np.concatenate([x[4] for x in pool]), adds)
+            out[(b, p)] = pooled if np.isfinite(pooled) else own
     return out
 
 
@@ -247,7 +266,8 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
 
     Each row's ticks are converted with its batch's pooled ratio (:func:`batch_ratios`; the
     row's own ``calib_ratio`` where the batch has no calibration sample). ``ratios`` may be
-    given when ``df`` holds only part of the batches' rows.
+    given when ``df`` holds only part of the rows they come from (the batch's own, or those
+    of the batches measured before it).
 
     ``cycles_per_instance_median`` is what the median calls give (the estimator of earlier
     harness versions) and ``noise`` how much slower than the undisturbed one the typical long
