@@ -55,7 +55,8 @@ def palmed_config(model_cfg: Mapping[str, Any], noise: float | None) -> PalmedCo
         # kernels of the same throughput, so 5%
         tol = max(1e-6, 3 * noise) if noise is not None else NATIVE_TOL
     rounds = model_cfg.get("max_refine")
-    extra: dict[str, int] = {"training_kernels": int(model_cfg.get("training_kernels", 0))}
+    extra: dict[str, Any] = {"training_kernels": int(model_cfg.get("training_kernels", 0)),
+                             "training_weight": float(model_cfg.get("training_weight", 1.0))}
     if rounds is not None:
         extra["max_refine"] = int(rounds)
     if noise is None:

@@ -82,6 +82,9 @@ class PalmedConfig:
     refit_max_bounds: int | None = 4_000_000
     # random kernels of 2-5 forms fitted by the joint refits (``training.training_kernels``)
     training_kernels: int = 0
+    # their weight in the plain joint refit's objective (``refit._polish``), the other
+    # kernels' being 1: they are drawn like the kernels the model is judged on
+    training_weight: float = 1.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"tol": self.tol, "max_mult": self.max_mult, "max_basic": self.max_basic,
@@ -92,7 +95,8 @@ class PalmedConfig:
                 "seed": self.seed, "max_pair_forms": self.max_pair_forms,
                 "core_batch": self.core_batch, "max_core_resources": self.max_core_resources,
                 "screen": self.screen, "refit_max_bounds": self.refit_max_bounds,
-                "training_kernels": self.training_kernels}
+                "training_kernels": self.training_kernels,
+                "training_weight": self.training_weight}
 
     @property
     def core_cap(self) -> int:
