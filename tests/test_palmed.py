@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -176,6 +177,12 @@ def test_stages_through_state_files_give_the_same_model(built, machine, tmp_path
     assert stats2["measure_rounds"] == stats["measure_rounds"]
     with pytest.raises(RuntimeError, match="built with"):
         Build.load(state, replay, palmed.PalmedConfig(tol=0.05))
+    # a knob only the last stage reads (the training kernels' weight) may differ: the state
+    # resumes with the one asked for
+    weighted = dataclasses.replace(cfg, training_weight=3.0)
+    assert Build.load(state, replay, weighted).config == weighted
+    with pytest.raises(RuntimeError, match="built with"):
+        Build.load(state, replay, dataclasses.replace(weighted, training_kernels=5))
 
 
 def test_acceptance_two_percent_noise(machine, tmp_path) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 from cpumap.isa import transition
 from cpumap.measure.asmgen import parse_canonical
-from cpumap.model.palmed.config import Kernel, Log, PalmedConfig, _nolog
+from cpumap.model.palmed.config import Kernel, Log, PalmedConfig, _nolog, resumed
 from cpumap.model.palmed.core import Core, fit_core
 from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
 from cpumap.model.palmed.kernels import (
@@ -462,9 +462,8 @@ class Build:
         if d.get("version") != STATE_VERSION:
             raise RuntimeError(f"{path}: Palmed state version {d.get('version')}, "
                                f"expected {STATE_VERSION}: rerun the model stages")
-        cfg = PalmedConfig(**{k: tuple(v) if k == "betas" else v for k, v in d["config"].items()})
-        if config is not None and config != cfg:
-            raise RuntimeError(f"{path} was built with {cfg}, this stage runs with {config}")
+        cfg = resumed(PalmedConfig(**{k: tuple(v) if k == "betas" else v
+                                      for k, v in d["config"].items()}), config, path)
         b = cls(config=cfg, forms=list(d["forms"]), asked={k: list(v) for k, v in
                                                          d["asked"].items()},
                 counts=dict(d["counts"]), calls=dict(d["calls"]), failed=[],

@@ -10,7 +10,7 @@ imports from here and this module imports nothing of Palmed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 #: From this tolerance on, measurements are treated as noisy: inconsistent bounds are dropped.
@@ -101,3 +101,19 @@ class PalmedConfig:
     @property
     def core_cap(self) -> int:
         return min(self.max_resources, self.max_core_resources or self.max_resources)
+
+
+#: Knobs only the last stage reads (``fit_model``'s joint refit): a state the earlier stages
+#: saved with other values is fitted with these, as none of its kernels depends on them.
+FIT_ONLY = ("training_weight",)
+
+
+def resumed(saved: PalmedConfig, wanted: PalmedConfig | None, path: object) -> PalmedConfig:
+    """The config a stage resumes a saved state with: ``wanted`` where it differs from the
+    saved one in ``FIT_ONLY`` knobs at most (an error otherwise: a stage must not mix two
+    builds), the saved one where none is wanted."""
+    if wanted is None:
+        return saved
+    if replace(wanted, **{k: getattr(saved, k) for k in FIT_ONLY}) != saved:
+        raise RuntimeError(f"{path} was built with {saved}, this stage runs with {wanted}")
+    return wanted
