@@ -932,3 +932,24 @@ def test_wide_training_kernels_join_only_the_wide_refit() -> None:
     assert stats["joint_refit"]["kernels"] == base["joint_refit"]["kernels"] + len(
         b.asked["training"])
     assert stats["wide_refit"]["kernels"] == base["wide_refit"]["kernels"] + len(new)
+
+
+def test_training_weight_favours_the_training_kernels_in_the_joint_refit() -> None:
+    """``training_weight`` weights the training kernels (``first``) in the joint refit's
+    objective: two forms whose mixes no two-resource model fits at once, and the training
+    mix is fitted exactly at weight 10, 12.5 % off at weight 1, at the other mix's cost."""
+    from cpumap.model.palmed.refit import _polish
+
+    rho = {"A": {0: 0.5}, "B": {1: 0.5}}
+    singletons = {"A": 0.5, "B": 0.5}
+    meas = {"A": 0.5, "B": 0.5, "A B": 0.75, "A*2 B": 1.0, "A B*2": 1.5}
+    err = {}
+    for w in (1.0, 10.0):
+        cfg = palmed.PalmedConfig(tol=0.05, training_weight=w)
+        out = _polish(rho, 2, ["A", "B"], singletons, meas, cfg, set(), palmed._LPStats(),
+                      lambda _m: None, first={"A B*2"})
+        err[w] = {t: float(palmed._predict(out, 2, parse_canonical(t)).max()) / meas[t] - 1
+                  for t in ("A B", "A B*2")}
+    assert err[1.0]["A B*2"] == pytest.approx(-0.125, abs=1e-6)
+    assert err[10.0]["A B*2"] == pytest.approx(0.0, abs=1e-6)
+    assert err[10.0]["A B"] > err[1.0]["A B"] + 0.05
