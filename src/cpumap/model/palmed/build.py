@@ -308,11 +308,11 @@ class Build:
         t0 = time.perf_counter()
         st = _LPStats()
         state: list[Any] = []
+        training = set(self.training())  # drawn once: the rounds do not change it
         while True:
             step = fit_remaining(self.core, self.forms, self.singletons, self.meas, state=state,
                                  classes=self.basic.classes, config=self.config, log=log,
-                                 lp_stats=st, unsteady=set(self.layout),
-                                 training=set(self.training()))
+                                 lp_stats=st, unsteady=set(self.layout), training=training)
             state = step.state
             if step.done:
                 break
