@@ -262,6 +262,35 @@ def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path):
     assert sorted(agg.kernel) == ["A", "B", "C"] and tried == {"A", "B", "C", "F"}
 
 
+def test_calibration_core_keeps_every_batch_ratio_exactly():
+    """The Measurer keeps only the calibration rows a clock ratio can use (each batch's
+    near-fastest chains and its earliest row): ``batch_ratios`` gives the same values, to the
+    bit, from a fraction of the rows. Batch "z" starts first (one slow row at minute 0, the
+    rest at minute 10) and "a" at minute 5: dropping z's first row would put "a" first and
+    pool z with it."""
+    rng = np.random.default_rng(3)
+    frames = []
+    for b, ratio, minutes in (("z", 1.420, [0] + [10] * 199), ("a", 1.425, [5] * 200),
+                              ("c", 1.300, [20] * 200)):
+        n = len(minutes)
+        slow = np.where(rng.random((2, n)) < 0.6, 1.3 + 0.4 * rng.random((2, n)), 1.0)
+        slow[:, 0] = 1.5
+        frames.append(pd.DataFrame({
+            "machine_id": "m", "params_id": "p", "batch_id": b, "cal_adds": 50_000.0,
+            "cal1": np.round(50_000 / ratio * slow[0]) + rng.integers(0, 200, n),
+            "cal2": np.round(100_000 / ratio * slow[1]) + rng.integers(0, 200, n),
+            "timestamp": pd.Timestamp("2026-01-02T03:00:00Z")
+            + pd.to_timedelta(minutes, unit="min")}))
+    cal = pd.concat(frames, ignore_index=True)
+    core = estimate.calibration_core(cal)
+    full, kept = estimate.batch_ratios(cal), estimate.batch_ratios(core)
+    assert kept == full and len(full) == 3
+    assert len(core) < len(cal) / 4
+    # the order matters here: without z's first row the ratios differ
+    later = estimate.batch_ratios(core[core.timestamp > cal.timestamp.min()])
+    assert later[("z", "p")] != full[("z", "p")]
+
+
 def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):
     """A second measurement on purpose (stage 'repeat-...') is not pooled into the kernel's
     estimate, and Measurer.again answers from it without measuring when it is there (a

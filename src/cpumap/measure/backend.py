@@ -145,8 +145,8 @@ def _calibration(part: pd.DataFrame) -> pd.DataFrame:
 def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version: str,
                  stable_tol: float) -> tuple[pd.DataFrame, set[str], pd.DataFrame]:
     """``estimate.aggregate`` of a database's rows of one machine, parameter set and harness,
-    every kernel text with a row (failed ones too), and the calibration samples
-    (``_calibration``), reading one part at a time.
+    every kernel text with a row (failed ones too), and the calibration samples the clock
+    ratios need (``estimate.calibration_core``), reading one part at a time.
 
     The same table as aggregating all rows at once (each kernel's estimate depends only on its
     own rows and its batch's clock ratio), in the memory of the largest part: all rows at once
@@ -164,7 +164,8 @@ def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version:
         cal_rows.append(_calibration(part))
         for k in part.kernel.astype(str).unique():
             seen[k] = seen.get(k, 0) + 1
-    cal = pd.concat(cal_rows) if cal_rows else _calibration(db.empty_frame())
+    cal = estimate.calibration_core(pd.concat(cal_rows) if cal_rows
+                                    else _calibration(db.empty_frame()))
     ratios = estimate.batch_ratios(cal)
     shared = {k for k, n in seen.items() if n > 1}
     out: list[pd.DataFrame] = []
@@ -230,7 +231,7 @@ class Measurer:
         self.max_uncertainty = max_uncertainty
         self.too_uncertain: set[str] = set()
         self._known: dict[str, float] | None = None
-        self._cal = _calibration(db.empty_frame())  # the database's calibration samples
+        self._cal = _calibration(db.empty_frame())  # estimate.calibration_core of the database
         self._uncertainty: dict[str, float] = {}  # kernel -> rel. uncertainty of its estimate
         self.measured_now = 0
 
@@ -307,7 +308,8 @@ class Measurer:
             self._tried |= set(part)
             # the batch's clock ratio as the database will give it (pooled with the earlier
             # batches: ``estimate.batch_ratios``), so that a rebuild reads the same estimates
-            self._cal = pd.concat([self._cal, _calibration(rows)], ignore_index=True)
+            self._cal = estimate.calibration_core(
+                pd.concat([self._cal, _calibration(rows)], ignore_index=True))
             known.update(self._usable(estimate.aggregate(
                 rows, self.bench.stable_tol, estimate.batch_ratios(self._cal))))
         return {k: known[k] for k in canon if k in known}
