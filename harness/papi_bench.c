@@ -14,7 +14,9 @@
  * that the TSC's step, 26 ticks on the reference guest, is 0.1 % of a call).  Every
  * --calib-every repetitions a calibration sample is taken (an n and a 2n dependent add chain),
  * so the core-cycles-per-tick ratio is estimated, the same robust way, from samples spread
- * over the kernel's own measurement.  Repetitions stop at the first checkpoint (--reps, then
+ * over the kernel's own measurement, and one more after its last repetition (the `end` line):
+ * the clock the repetitions ran at, which on Intel cores follows the code just run (AVX
+ * licences).  Repetitions stop at the first checkpoint (--reps, then
  * each doubling) where the estimate of all repetitions and of their first half agree within
  * --stable-ppm, or at --max-reps or --budget-ms (the kernel is then reported unstable).
  *
@@ -319,7 +321,8 @@ static double estimate(const uint64_t *t1, const uint64_t *t2, long n, uint64_t 
  * Returns 0, or the signal that stopped it (SIGALRM = timeout). */
 static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct plan *pl,
                       long warmup, long timeout_ms, int papi, struct sample *out,
-                      uint64_t *scratch, uint64_t *iters_used, long *n_used, int *stable)
+                      uint64_t *scratch, uint64_t *iters_used, long *n_used, int *stable,
+                      long long *end1, long long *end2)
 {
     int sig = sigsetjmp(kernel_jmp, 1); /* 1: restore the signal mask on the way back */
     if (sig != 0) {
@@ -389,6 +392,11 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct p
     in_kernel = 0;
     set_timer(0);
     timed_pages = n_mapped - warm_pages;
+    /* a closing sample: the clock the last repetitions ran at (an Intel core's clock follows
+     * the code it runs; cpumap.measure.harness.assign_local_ratios) */
+    calib_once(2);
+    *end1 = (long long)calib_once(pl->calib_iters);
+    *end2 = (long long)calib_once(2 * pl->calib_iters);
     return 0;
 }
 
@@ -631,8 +639,9 @@ int main(int argc, char **argv)
         uint64_t iters_used = k->iters;
         long n_used = 0;
         int stable = 0;
+        long long end1 = -1, end2 = -1;
         int sig = run_kernel(k, arena, &pl, (long)warmup, (long)timeout_ms, papi, samples,
-                             scratch, &iters_used, &n_used, &stable);
+                             scratch, &iters_used, &n_used, &stable, &end1, &end2);
         long pages = n_mapped;
         int refused = map_refused;
         unmap_pages();
@@ -656,8 +665,8 @@ int main(int argc, char **argv)
             }
             if (map_limit > 0)
                 printf("pages\t%llu\t%ld\n", (unsigned long long)i, pages);
-            printf("end\t%llu\t%ld\t%d\t%llu\n", (unsigned long long)i, n_used, stable,
-                   (unsigned long long)(pl.calib_iters * CALIB_UNROLL));
+            printf("end\t%llu\t%ld\t%d\t%llu\t%lld\t%lld\n", (unsigned long long)i, n_used,
+                   stable, (unsigned long long)(pl.calib_iters * CALIB_UNROLL), end1, end2);
             n_ok++;
         }
         fflush(stdout);

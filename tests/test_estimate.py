@@ -291,6 +291,30 @@ def test_calibration_core_keeps_every_batch_ratio_exactly():
     assert later[("z", "p")] != full[("z", "p")]
 
 
+def test_a_repetition_is_converted_at_the_clock_it_ran_at():
+    """Rows whose ``local_ratio`` is slower than the batch's pooled ratio by more than
+    CLOCK_AGREE are converted at it (an Intel licence clock: 0.96 against 1.24 cycles per tick);
+    within CLOCK_AGREE, or faster, the pooled ratio stands (more samples, the same clock)."""
+    rows = []
+    for kernel, ran_at, local in (("A", 0.96, 0.96), ("B", 1.24, 1.235), ("C", 1.24, 1.30)):
+        r = make_rows("b0", {kernel: [0.5] * 16})
+        ticks = np.round(0.5 * 20_000 / ran_at)
+        r["instances"], r["ticks1"], r["ticks2"] = 20_000, ticks + 500, 2 * ticks + 500
+        r["local_ratio"] = local
+        rows.append(r)
+    rows = pd.concat(rows, ignore_index=True)
+    every = rows.index % 4 == 0  # the batch's fastest chains: 1.24 cycles per tick
+    rows["cal_adds"] = np.where(every, 50_000.0, np.nan)
+    rows["cal1"] = np.where(every, np.round(50_000 / 1.24), np.nan)
+    rows["cal2"] = np.where(every, np.round(100_000 / 1.24), np.nan)
+    agg = estimate.aggregate(rows).set_index("kernel").cycles_per_instance_est
+    assert agg["A"] == pytest.approx(0.5, rel=1e-3)
+    plain = estimate.aggregate(rows.drop(columns="local_ratio")).set_index("kernel")
+    assert plain.cycles_per_instance_est["A"] == pytest.approx(0.5 * 1.24 / 0.96, rel=1e-3)
+    assert agg["B"] == plain.cycles_per_instance_est["B"] == pytest.approx(0.5, rel=1e-3)
+    assert agg["C"] == plain.cycles_per_instance_est["C"]
+
+
 def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):
     """A second measurement on purpose (stage 'repeat-...') is not pooled into the kernel's
     estimate, and Measurer.again answers from it without measuring when it is there (a

@@ -173,7 +173,9 @@ def test_subrange_and_cli_errors(build):
     # the first repetition carries a calibration sample (n and 2n chains of 20,000 adds)
     assert all(int(v) > 0 for v in out.splitlines()[3].split("\t")[10:12])
     # one repetition cannot be judged stable (no first half to compare with)
-    assert out.splitlines()[4].split("\t")[1:] == ["1", "1", "0", "20000"]
+    # then the closing calibration sample, after the last repetition
+    end = out.splitlines()[4].split("\t")[1:]
+    assert end[:4] == ["1", "1", "0", "20000"] and all(int(v) > 0 for v in end[4:6])
     assert out.splitlines()[-1] == "done\t1\t0"
     usage = subprocess.run([bench, "--so", "x.so", "--reps", "0", "--warmup", "0"],
                            capture_output=True, text=True)
@@ -254,3 +256,45 @@ def test_repetitions_stop_at_a_checkpoint_or_a_limit(build):
                               harness_bin=build["bin"], call_us=1000)
     assert 2 <= len(short.rows) < 4096
     assert all(r["stable"] is False for r in short.rows) or len(short.rows) in (2, 4, 8)
+
+
+def _sample(ratio: float, adds: int = 50_000) -> dict:
+    """A calibration sample's fields at core cycles per tick ``ratio`` (1 add per cycle)."""
+    return {"cal1": round(adds / ratio), "cal2": round(2 * adds / ratio), "cal_adds": adds}
+
+
+def test_each_run_of_repetitions_takes_the_faster_clock_around_it():
+    """``local_ratio``: the larger of the samples before and after a run of repetitions (the
+    kernel's closing sample, else the next kernel's first sample), each
+    sample read as its clock level (what most samples near it read); a sample with no level
+    near it sets nothing, for the runs on either side of it (NaN: the batch's ratio)."""
+    slow, fast = 0.95, 1.24
+    # a sample 1 % under its level reads the level; 0.80: no level near it
+    clocks = [slow, slow, slow * 0.99, fast, fast, fast, 0.80, slow]
+    rows = [row for k, c in enumerate(clocks)
+            for row in ({"index": k, "rep": 0} | _sample(c),
+                        {"index": k, "rep": 1, "cal_adds": 50_000})]
+    end = _sample(slow)  # the last kernel's closing sample: slow, the process's closing fast
+    rows[-1] |= {"end1": end["cal1"], "end2": end["cal2"]}
+    harness.assign_local_ratios(rows, fast, harness.clock_levels(harness.sample_ratios(rows)))
+    got = [r["local_ratio"] for r in rows][::2]
+    assert got[:6] == pytest.approx([slow, slow, fast, fast, fast, np.nan], rel=1e-4,
+                                    nan_ok=True)  # kernel 2: the clock rose after it
+    assert np.isnan(got[6]) and got[7] == pytest.approx(slow, rel=1e-4)
+    assert [r["local_ratio"] for r in rows][1::2] == pytest.approx(got, nan_ok=True)
+
+
+def test_a_vector_form_after_a_heavy_one_runs_at_its_own_clock(catalogue_df, host, tmp_path):
+    """ADDPD xmm takes 0.5 cycles on every host cpumap runs on (two FP add pipes), measured
+    right after a heavy FMA kernel in one batch. An Intel core keeps the heavy kernel's slower
+    licence clock for milliseconds: at the batch's fastest clock ADDPD read 0.6455 cycles on
+    the Cascade Lake guest (2026-11-28), at the clock it ran at 0.4996."""
+    from cpumap.measure.backend import Measurer
+    from cpumap.measure.settings import BenchSettings
+
+    heavy = ("VFMADD231PD_ZMM_ZMM_ZMM" if "avx512f" in host["isa_flags"]
+             else "VFMADD231PD_YMM_YMM_YMM")
+    m = Measurer(host, catalogue_df, BenchSettings(), tmp_path / "db", tmp_path / "work",
+                 harness_bin=harness.build_harness(tmp_path / "bin"))
+    got = m.measure([f"{heavy}*4", "ADDPD_XMM_XMM"], "license")
+    assert got["ADDPD_XMM_XMM"] == pytest.approx(0.5, rel=0.04)

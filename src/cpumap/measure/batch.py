@@ -353,6 +353,12 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
             failed.setdefault(int(idx), reason)
     rows: list[dict] = []
     reps_done: dict[int, int] = {}
+    # the clock each repetition ran at, from the samples around it; the clock levels from
+    # all rounds' samples (harness.assign_local_ratios)
+    level = harness.clock_levels([v for res in results for v in harness.sample_ratios(res.rows)])
+    for res in results:
+        if res.clock != "papi":
+            harness.assign_local_ratios(res.rows, res.calib_after, level)
     for rnd, res in enumerate(results):
         kept = [r | {"round": rnd} for r in res.rows if int(r["index"]) not in failed]
         for r in kept:
@@ -427,6 +433,8 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now,
             "cal_adds": int(r["cal_adds"]) if "cal_adds" in r else None,
             "stable": bool(r["stable"]) if "stable" in r else None,
             "role": _role(int(r["index"]), mons), "round": r.get("round"),
+            "local_ratio": float(r.get("local_ratio", np.nan)) if res.clock != "papi"
+            else np.nan,
         })
     return rows
 

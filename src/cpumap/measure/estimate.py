@@ -16,6 +16,13 @@ the core cycles per TSC tick. The minimum of per-repetition *differences* or of 
 disturbed calibration lowers its ratio), which is why the differences are taken between
 robust estimates, never before.
 
+The core clock is one value per batch on the AMD guests (the fastest chains), but an Intel
+core's clock follows its licence: after heavy 256- or 512-bit instructions it runs slower for
+milliseconds, and every kernel measured then, scalar ones included, runs at that clock (the
+Cascade Lake guest, 2026-11-28: 3.1, 2.7 or 2.4 GHz). A repetition whose calibration samples
+before and after say it ran at a clock slower than the batch's fastest is converted at that
+clock (``local_ratio``): its cycles are the core's, not the fastest clock's.
+
 A kernel is measured in several rounds, passes over its batch seconds apart (bursts of
 interference last seconds: a kernel measured only inside one is slowed in every call, with
 nothing at the low end to find). The uncertainty is how far the best round's value is from
@@ -292,9 +299,10 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     :data:`AGG_COLUMNS`; see the module docstring for the estimate and its uncertainty).
 
     Each row's ticks are converted with its batch's pooled ratio (:func:`batch_ratios`; the
-    row's own ``calib_ratio`` where the batch has no calibration sample). ``ratios`` may be
-    given when ``df`` holds only part of the rows they come from (the batch's own, or those
-    of the batches measured before it).
+    row's own ``calib_ratio`` where the batch has no calibration sample), or with the clock
+    the row ran at (``local_ratio``) where that was slower by more than CLOCK_AGREE.
+    ``ratios`` may be given when ``df`` holds only part of the rows they come from (the
+    batch's own, or those of the batches measured before it).
 
     ``cycles_per_instance_median`` is what the median calls give (the estimator of earlier
     harness versions) and ``noise`` how much slower than the undisturbed one the typical long
@@ -313,6 +321,13 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
                             zip(ok["batch_id"], ok["params_id"], strict=True)],
                            index=ok.index, dtype="float64")
         ok["calib_ratio"] = pooled.where(pooled.notna(), ok["calib_ratio"])
+    if "local_ratio" in ok:
+        # a repetition run at a slower clock than the batch's fastest level (an Intel core's
+        # AVX licence): converted at the clock it ran at (``harness.assign_local_ratios``);
+        # within CLOCK_AGREE of the batch's level, the pooled value (more samples)
+        local = ok["local_ratio"].astype("float64")
+        slower = local.notna() & (local < ok["calib_ratio"] * (1.0 - CLOCK_AGREE))
+        ok["calib_ratio"] = ok["calib_ratio"].where(~slower, local)
     tsc = (ok["clock"] != "papi").to_numpy()
     c1 = np.where(tsc, ok["ticks1"] * ok["calib_ratio"], ok["cycles1"].astype("float64"))
     c2 = np.where(tsc, ok["ticks2"] * ok["calib_ratio"], ok["cycles2"].astype("float64"))

@@ -192,6 +192,92 @@ def _assign_ratios(seg: Segment, fallback: float) -> None:
                 row["pages"] = seg.pages[index]
 
 
+#: A calibration sample's clock level: the most common sample ratio (counting the batch's
+#: samples within LEVEL_WIDTH of each) among those within LEVEL_REACH of it, if at least
+#: LEVEL_MIN_SAMPLES agree with that one (``clock_levels``).
+LEVEL_WIDTH = 0.002
+LEVEL_REACH = 0.02
+LEVEL_MIN_SAMPLES = 3
+
+
+def _sample_ratio(row: Mapping[str, Any], first: str, second: str) -> float | None:
+    """Core cycles per TSC tick of one calibration sample (the n and 2n chains' ticks in
+    ``row[first]`` and ``row[second]``), None where the row has none."""
+    if row.get(first, -1) > 0 and row.get(second, -1) > 0:
+        return estimate.calib_ratio(np.array([row[first]]), np.array([row[second]]),
+                                    float(row["cal_adds"]))
+    return None
+
+
+def sample_ratios(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The ratio of every calibration sample of ``rows``: those before repetitions and those
+    closing a kernel's repetitions (``end1``, ``end2``)."""
+    return [v for r in rows for a, b in (("cal1", "cal2"), ("end1", "end2"))
+            if (v := _sample_ratio(r, a, b)) is not None]
+
+
+def clock_levels(ratios: Sequence[float]) -> Callable[[float], float]:
+    """The clock level each sample ratio belongs to, from all the samples of a batch.
+
+    Why not the sample's own ratio: a neighbour slows one sample's chains by a percent or a
+    few (on the Cascade Lake guest 2 % of the samples lay 1-15 % under their level), and a
+    kernel's n and 2n calls, converted at ratios 1 % apart, gave ADDPD xmm 0.4963 cycles,
+    under the 0.5 its two pipes allow. The level is what most samples near it read: the clock
+    undisturbed. A sample with no such level nearby (NaN) sets no clock."""
+    levels = np.sort(np.asarray([v for v in ratios if math.isfinite(v)], dtype="float64"))
+    density = (np.searchsorted(levels, levels * (1 + LEVEL_WIDTH), side="right")
+               - np.searchsorted(levels, levels * (1 - LEVEL_WIDTH), side="left"))
+
+    def snap(v: float) -> float:
+        if not math.isfinite(v):
+            return math.nan
+        lo = int(np.searchsorted(levels, v * (1 - LEVEL_REACH), side="left"))
+        hi = int(np.searchsorted(levels, v * (1 + LEVEL_REACH), side="right"))
+        if hi <= lo or density[lo:hi].max() < LEVEL_MIN_SAMPLES:
+            return math.nan
+        near = density[lo:hi]
+        return float(levels[lo:hi][near == near.max()].max())
+
+    return snap
+
+
+def assign_local_ratios(rows: list[dict[str, Any]], after: float | None,
+                        level: Callable[[float], float]) -> None:
+    """Each row's ``local_ratio``: the core clock while its repetition ran, the faster of the
+    clock levels (``clock_levels``) of the calibration samples just before and just after its
+    run of repetitions (``rows``: one process's, in the order it ran them; the harness takes a
+    sample every ``calib_every`` repetitions, before them, and one after the kernel's last;
+    without that one, from older harnesses, the next kernel's first sample or the process's
+    closing calibration ``after``).
+
+    Why: an Intel core's clock follows the code it runs (AVX licences: Cascade Lake guest,
+    2026-11-28, three levels, 3.1, 2.7 and 2.4 GHz, held for milliseconds after the last
+    heavy vector instruction), so a kernel measured after a 512-bit one runs at 2.4 GHz
+    throughout, and converted at the batch's fastest level its cycles read 29 % high
+    (``ADDPD xmm`` 0.6455 cycles, 0.4996 at its own clock). The faster of the two: a clock
+    that rose during the run makes its repetitions at most slower, never faster, than their
+    cycles. NaN where either sample has no level (the estimator then uses the batch's
+    ratio)."""
+    ratio = {i: v for i, r in enumerate(rows)
+             if (v := _sample_ratio(r, "cal1", "cal2")) is not None}
+    at = sorted(ratio)
+    for row in rows[:at[0] if at else len(rows)]:
+        row["local_ratio"] = math.nan
+    for j, i in enumerate(at):
+        end = at[j + 1] if j + 1 < len(at) else len(rows)
+        closing = _sample_ratio(rows[end - 1], "end1", "end2")
+        if closing is not None:  # the kernel's own closing sample, right after the run
+            nxt = level(closing)
+        elif j + 1 < len(at):
+            nxt = level(ratio[at[j + 1]])
+        else:
+            nxt = after if after is not None and math.isfinite(after) else math.nan
+        start = level(ratio[i])
+        local = max(start, nxt) if math.isfinite(start) and math.isfinite(nxt) else math.nan
+        for row in rows[i:end]:
+            row["local_ratio"] = local
+
+
 def _run_segment(cmd: list[str], seg: Segment, reps: int, max_reps: int, watchdog_s: float,
                  on_kernel: Callable[[], None]) -> tuple[int | None, float, str]:
     """Run one harness process to its end, feeding its lines to a parser.

@@ -93,7 +93,7 @@ class StreamParser:
                 seg.pages[self._in_flight(f[1])] = int(f[2])
             elif kind == "row" and len(f) == 12:
                 self._row(f)
-            elif kind == "end" and len(f) == 5:
+            elif kind == "end" and len(f) in (5, 7):
                 self._end(f)
             elif kind == "fail" and len(f) == 4:
                 index = self._in_flight(f[1])
@@ -143,6 +143,8 @@ class StreamParser:
                              f"(expected {self.reps} to {self.max_reps})")
         if stable not in (0, 1) or cal_adds <= 0:
             raise ValueError("bad stability flag or calibration size")
+        # the closing calibration sample, after the last repetition (-1: none taken)
+        end1, end2 = (int(f[5]), int(f[6])) if len(f) == 7 else (-1, -1)
         bad = next(((k, row[k]) for row in seg.pending for k in _ROW_INT_FIELDS
                     if not -1 <= row[k] < IMPOSSIBLE), None)
         if bad:
@@ -152,6 +154,8 @@ class StreamParser:
         else:
             for row in seg.pending:
                 row["stable"], row["cal_adds"] = bool(stable), cal_adds
+            if seg.pending and 0 < end1 < IMPOSSIBLE and 0 < end2 < IMPOSSIBLE:
+                seg.pending[-1]["end1"], seg.pending[-1]["end2"] = end1, end2
             seg.rows.extend(seg.pending)
             seg.n_ok += 1
         seg.pending = []

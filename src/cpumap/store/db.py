@@ -89,12 +89,14 @@ SCHEMA = pa.schema(
         pa.field("stable", pa.bool_()),  # the harness stopped at a stability checkpoint
         pa.field("role", pa.string()),  # 'kernel' | 'monitor' (noise reference of a batch)
         pa.field("round", pa.int64()),  # which of the batch's harness passes measured it
+        # core cycles per TSC tick while this repetition ran (harness._assign_local_ratios)
+        pa.field("local_ratio", pa.float64()),
     ]
 )
 COLUMNS: list[str] = list(SCHEMA.names)
 #: Columns a part written before they existed lacks, and the value its rows read as.
 OPTIONAL: dict[str, Any] = {"cal1": None, "cal2": None, "cal_adds": None, "stable": None,
-                            "role": "kernel", "round": None}
+                            "role": "kernel", "round": None, "local_ratio": None}
 
 _PART_RE = re.compile(r"^part-(?P<batch>[A-Za-z0-9._-]+)\.parquet$")
 _BATCH_RE = re.compile(r"^[A-Za-z0-9._-]+$")
