@@ -276,7 +276,8 @@ def test_each_run_of_repetitions_takes_the_faster_clock_around_it():
                         {"index": k, "rep": 1, "cal_adds": 50_000})]
     end = _sample(slow)  # the last kernel's closing sample: slow, the process's closing fast
     rows[-1] |= {"end1": end["cal1"], "end2": end["cal2"]}
-    harness.assign_local_ratios(rows, fast, harness.clock_levels(harness.sample_ratios(rows)))
+    samples = harness.clock_samples(rows)
+    harness.assign_local_ratios(rows, samples, fast, harness.clock_levels(np.concatenate(samples)))
     got = [r["local_ratio"] for r in rows][::2]
     assert got[:6] == pytest.approx([slow, slow, fast, fast, fast, np.nan], rel=1e-4,
                                     nan_ok=True)  # kernel 2: the clock rose after it

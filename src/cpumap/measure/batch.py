@@ -355,10 +355,15 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
     reps_done: dict[int, int] = {}
     # the clock each repetition ran at, from the samples around it; the clock levels from
     # all rounds' samples (harness.assign_local_ratios)
-    level = harness.clock_levels([v for res in results for v in harness.sample_ratios(res.rows)])
     for res in results:
+        if res.samples is None:
+            res.samples = harness.clock_samples(res.rows)
+    samples = [res.samples for res in results]
+    level = harness.clock_levels(np.concatenate([np.concatenate(s) for s in samples])
+                                 if samples else [])
+    for res, own in zip(results, samples, strict=True):
         if res.clock != "papi":
-            harness.assign_local_ratios(res.rows, res.calib_after, level)
+            harness.assign_local_ratios(res.rows, own, res.calib_after, level)
     for rnd, res in enumerate(results):
         kept = [r | {"round": rnd} for r in res.rows if int(r["index"]) not in failed]
         for r in kept:

@@ -143,6 +143,18 @@ def calib_ratio(cal1: np.ndarray, cal2: np.ndarray, adds: float) -> float:
     return float(np.clip(adds / d, low, low / (1.0 - CALIB_OVERHEAD)))
 
 
+def sample_ratios(cal1: np.ndarray, cal2: np.ndarray, adds: np.ndarray) -> np.ndarray:
+    """:func:`calib_ratio` of each single sample at once (its n and 2n chains ``cal1[i]`` and
+    ``cal2[i]``): NaN where the 2n chain is not the longer."""
+    cal1, cal2 = np.asarray(cal1, dtype="float64"), np.asarray(cal2, dtype="float64")
+    adds = np.asarray(adds, dtype="float64")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = cal2 - cal1
+        low = np.maximum(adds / cal1, 2.0 * adds / cal2)
+        out = np.clip(adds / d, low, low / (1.0 - CALIB_OVERHEAD))
+    return np.where(d > 0, out, np.nan)
+
+
 def _low_by(x: np.ndarray, gid: np.ndarray, n: int, step: np.ndarray) -> np.ndarray:
     """:func:`robust_low` of each group at once (``gid``: group of each sample, ``step``: per
     group); NaN for a group without a finite sample."""

@@ -81,6 +81,10 @@ class BatchResult:
     failures: dict[int, str] = field(default_factory=dict)
     restarts: int = 0
     stderr: str = ""
+    #: ``clock_samples`` of ``rows``, kept once computed (a batch's rounds are read again
+    #: after every round)
+    samples: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False,
+                                                          compare=False)
 
     def cycles(self, row: Mapping[str, Any]) -> float:
         """Core cycles of the f2 - f1 difference of one row (its own process's ratio)."""
@@ -203,38 +207,38 @@ LEVEL_MIN_SAMPLES = 3
 LEVEL_MIN_SHARE = 0.01
 
 
-def _sample_ratio(row: Mapping[str, Any], first: str, second: str) -> float | None:
-    """Core cycles per TSC tick of one calibration sample (the n and 2n chains' ticks in
-    ``row[first]`` and ``row[second]``), None where the row has none."""
-    if row.get(first, -1) > 0 and row.get(second, -1) > 0:
-        return estimate.calib_ratio(np.array([row[first]]), np.array([row[second]]),
-                                    float(row["cal_adds"]))
-    return None
+def clock_samples(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's calibration samples as core cycles per TSC tick
+    (``estimate.sample_ratios``): the one taken before its repetition (``cal1``, ``cal2``)
+    and the one closing its kernel's repetitions (``end1``, ``end2``), NaN where it has
+    none. One pass over the rows: a full-profile batch has a quarter of a million."""
+    f = np.array([(r.get("cal1", -1), r.get("cal2", -1), r.get("end1", -1),
+                   r.get("end2", -1), r.get("cal_adds", np.nan)) for r in rows],
+                 dtype="float64").reshape(-1, 5)
+    out = []
+    for c1, c2 in ((f[:, 0], f[:, 1]), (f[:, 2], f[:, 3])):
+        has = (c1 > 0) & (c2 > 0)
+        out.append(np.where(has, estimate.sample_ratios(np.where(has, c1, 1.0),
+                                                        np.where(has, c2, 2.0), f[:, 4]),
+                            np.nan))
+    return out[0], out[1]
 
 
-def sample_ratios(rows: Sequence[Mapping[str, Any]]) -> list[float]:
-    """The ratio of every calibration sample of ``rows``: those before repetitions and those
-    closing a kernel's repetitions (``end1``, ``end2``)."""
-    return [v for r in rows for a, b in (("cal1", "cal2"), ("end1", "end2"))
-            if (v := _sample_ratio(r, a, b)) is not None]
-
-
-def clock_levels(ratios: Sequence[float]) -> Callable[[float], float]:
-    """The clock level each sample ratio belongs to, from all the samples of a batch.
+def clock_levels(ratios: Sequence[float] | np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The clock level of sample ratios, from all the samples of a batch.
 
     Why not the sample's own ratio: a neighbour slows one sample's chains by a percent or a
     few (on the Cascade Lake guest 2 % of the samples lay 1-15 % under their level), and a
     kernel's n and 2n calls, converted at ratios 1 % apart, gave ADDPD xmm 0.4963 cycles,
     under the 0.5 its two pipes allow. The level is what most samples near it read: the clock
     undisturbed. A sample with no such level nearby (NaN) sets no clock."""
-    levels = np.sort(np.asarray([v for v in ratios if math.isfinite(v)], dtype="float64"))
+    levels = np.sort(np.asarray(ratios, dtype="float64"))
+    levels = levels[np.isfinite(levels)]
     density = (np.searchsorted(levels, levels * (1 + LEVEL_WIDTH), side="right")
                - np.searchsorted(levels, levels * (1 - LEVEL_WIDTH), side="left"))
     need = max(LEVEL_MIN_SAMPLES, LEVEL_MIN_SHARE * len(levels))
 
-    def snap(v: float) -> float:
-        if not math.isfinite(v):
-            return math.nan
+    def one(v: float) -> float:
         lo = int(np.searchsorted(levels, v * (1 - LEVEL_REACH), side="left"))
         hi = int(np.searchsorted(levels, v * (1 + LEVEL_REACH), side="right"))
         if hi <= lo or density[lo:hi].max() < need:
@@ -242,14 +246,24 @@ def clock_levels(ratios: Sequence[float]) -> Callable[[float], float]:
         near = density[lo:hi]
         return float(levels[lo:hi][near == near.max()].max())
 
+    def snap(values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype="float64")
+        ok = np.isfinite(values)
+        # quantised ticks: a batch's samples take a few thousand distinct values
+        uniq, inv = np.unique(values[ok], return_inverse=True)
+        out = np.full(values.shape, np.nan)
+        out[ok] = np.array([one(v) for v in uniq])[inv] if len(uniq) else []
+        return out
+
     return snap
 
 
-def assign_local_ratios(rows: list[dict[str, Any]], after: float | None,
-                        level: Callable[[float], float]) -> None:
+def assign_local_ratios(rows: list[dict[str, Any]], samples: tuple[np.ndarray, np.ndarray],
+                        after: float | None, level: Callable[[np.ndarray], np.ndarray]) -> None:
     """Each row's ``local_ratio``: the core clock while its repetition ran, the faster of the
     clock levels (``clock_levels``) of the calibration samples just before and just after its
-    run of repetitions (``rows``: one process's, in the order it ran them; the harness takes a
+    run of repetitions (``rows``: one process's, in the order it ran them, ``samples``: their
+    ``clock_samples``; the harness takes a
     sample every ``calib_every`` repetitions, before them, and one after the kernel's last;
     without that one, from older harnesses, the next kernel's first sample or the process's
     closing calibration ``after``).
@@ -262,24 +276,24 @@ def assign_local_ratios(rows: list[dict[str, Any]], after: float | None,
     that rose during the run makes its repetitions at most slower, never faster, than their
     cycles. NaN where either sample has no level (the estimator then uses the batch's
     ratio)."""
-    ratio = {i: v for i, r in enumerate(rows)
-             if (v := _sample_ratio(r, "cal1", "cal2")) is not None}
-    at = sorted(ratio)
-    for row in rows[:at[0] if at else len(rows)]:
-        row["local_ratio"] = math.nan
-    for j, i in enumerate(at):
-        end = at[j + 1] if j + 1 < len(at) else len(rows)
-        closing = _sample_ratio(rows[end - 1], "end1", "end2")
-        if closing is not None:  # the kernel's own closing sample, right after the run
-            nxt = level(closing)
-        elif j + 1 < len(at):
-            nxt = level(ratio[at[j + 1]])
-        else:
-            nxt = after if after is not None and math.isfinite(after) else math.nan
-        start = level(ratio[i])
-        local = max(start, nxt) if math.isfinite(start) and math.isfinite(nxt) else math.nan
-        for row in rows[i:end]:
-            row["local_ratio"] = local
+    if not rows:
+        return
+    before, closing = samples
+    at = np.flatnonzero(np.isfinite(before))
+    before, closing = level(before), level(closing)
+    local = np.full(len(rows), np.nan)
+    if len(at):
+        ends = np.append(at[1:], len(rows))
+        # after each run: the kernel's own closing sample, else the next run's first sample,
+        # else (the last run of an older harness) the process's closing calibration
+        last = np.nan if after is None or not math.isfinite(after) else after
+        has_closing = np.isfinite(samples[1][ends - 1])
+        nxt = np.where(has_closing, closing[ends - 1], np.append(before[at[1:]], last))
+        run = np.fmax(before[at], nxt)
+        run[np.isnan(before[at]) | np.isnan(nxt)] = np.nan
+        local[at[0]:] = np.repeat(run, ends - at)
+    for row, v in zip(rows, local.tolist(), strict=True):
+        row["local_ratio"] = v
 
 
 def _run_segment(cmd: list[str], seg: Segment, reps: int, max_reps: int, watchdog_s: float,
