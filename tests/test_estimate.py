@@ -151,6 +151,15 @@ def test_robust_low_averages_the_timer_steps_and_ignores_the_tail():
     assert np.isnan(estimate.robust_low(np.array([])))
 
 
+def test_one_sample_faster_than_all_others_does_not_set_the_value():
+    """A lone fast call (a clock spike inside a run converted at the slower clock around it)
+    is not the kernel; two that agree are."""
+    x = np.array([900, 1000, 1026, 1000, 1400, 2000])
+    assert estimate.robust_low(x, step=26) == pytest.approx(1008.67, rel=1e-4)
+    assert estimate.robust_low(np.append(x, 901), step=26) == 900.5
+    assert estimate.robust_low(np.array([900.0])) == 900  # alone, it is all there is
+
+
 def test_simulated_rows_are_their_own_value():
     rows = make_rows("b0", {"A": [2.5]})
     rows[["ticks1", "ticks2"]] = 0
