@@ -7,7 +7,8 @@ the CPU's own speed (docs/measurement.md: an independent C loop of 20,000 adds, 
 times, gave 0.253-0.258 cycles per add at the 1st percentile and 0.31-0.34 at the median).
 Interference only ever lengthens a call, so each timed quantity is estimated from the low end
 of its repetitions (:func:`robust_low`): the mean of the samples within 0.3 % (and one timer
-step) of the fastest, which averages the TSC's 26-tick steps instead of picking the lowest.
+step) of the fastest that another sample agrees with, which averages the TSC's 26-tick steps
+instead of picking the lowest.
 
 What is estimated that way, each on its own: the short call (f1: U copies), the long call (f2:
 2U copies), and the two calibration chains (n and 2n dependent adds) whose difference gives
