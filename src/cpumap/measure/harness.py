@@ -199,11 +199,15 @@ def _assign_ratios(seg: Segment, fallback: float) -> None:
 #: A calibration sample's clock level: the most common sample ratio (counting the batch's
 #: samples within LEVEL_WIDTH of each) among those within LEVEL_REACH of it, if at least
 #: LEVEL_MIN_SAMPLES and LEVEL_MIN_SHARE of the batch's samples agree with that one
-#: (``clock_levels``; on the Cascade Lake guest's validation batch, 12,529 samples, the three
-#: levels held 8 to 47 % of them each, the tail of disturbed samples under 0.4 % per window).
-LEVEL_WIDTH = 0.002
+#: (``clock_levels``). A clock level is crisp, a neighbour's slowdown is not: on the Cascade
+#: Lake guest the undisturbed chains of a level agree within a few ticks of 52,140 (1,142 of
+#: a validation batch's 12,487 samples within 0.03 %), while chains a neighbour slowed by
+#: 1-2 % for a while spread over hundreds of ticks; counted within 0.2 %, five of those
+#: made a level of a 131-sample batch, and a latency chain whose run they bracketed read
+#: 12 % fast (CMP/SETB round trip 1.76 cycles where 2 is the floor).
+LEVEL_WIDTH = 0.0003
 LEVEL_REACH = 0.02
-LEVEL_MIN_SAMPLES = 3
+LEVEL_MIN_SAMPLES = 8
 LEVEL_MIN_SHARE = 0.01
 
 
