@@ -207,7 +207,7 @@ def _assign_ratios(seg: Segment, fallback: float) -> None:
 #: 12 % fast (CMP/SETB round trip 1.76 cycles where 2 is the floor).
 LEVEL_WIDTH = 0.0003
 LEVEL_REACH = 0.02
-LEVEL_MIN_SAMPLES = 8
+LEVEL_MIN_SAMPLES = 4
 LEVEL_MIN_SHARE = 0.01
 
 
