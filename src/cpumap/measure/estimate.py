@@ -140,12 +140,8 @@ def calib_ratio(cal1: np.ndarray, cal2: np.ndarray, adds: float) -> float:
     cost is not negative), and that fixed cost is at most CALIB_OVERHEAD of the chain (upper
     bound). Each chain's least disturbed sample then sets the ratio to within that fraction.
     """
-    f1, f2 = _fastest(cal1), _fastest(cal2)
-    d = f2 - f1
-    if not d > 0:
-        return float("nan")
-    low = max(adds / f1, 2.0 * adds / f2)
-    return float(np.clip(adds / d, low, low / (1.0 - CALIB_OVERHEAD)))
+    return float(sample_ratios(np.array([_fastest(cal1)]), np.array([_fastest(cal2)]),
+                               np.array([adds]))[0])
 
 
 def sample_ratios(cal1: np.ndarray, cal2: np.ndarray, adds: np.ndarray) -> np.ndarray:

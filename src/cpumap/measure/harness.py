@@ -221,9 +221,7 @@ def clock_samples(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.nda
                  dtype="float64").reshape(-1, 5)
     out = []
     for c1, c2 in ((f[:, 0], f[:, 1]), (f[:, 2], f[:, 3])):
-        has = (c1 > 0) & (c2 > 0)
-        out.append(np.where(has, estimate.sample_ratios(np.where(has, c1, 1.0),
-                                                        np.where(has, c2, 2.0), f[:, 4]),
+        out.append(np.where((c1 > 0) & (c2 > 0), estimate.sample_ratios(c1, c2, f[:, 4]),
                             np.nan))
     return out[0], out[1]
 
@@ -293,8 +291,7 @@ def assign_local_ratios(rows: list[dict[str, Any]], samples: tuple[np.ndarray, n
         last = np.nan if after is None or not math.isfinite(after) else after
         has_closing = np.isfinite(samples[1][ends - 1])
         nxt = np.where(has_closing, closing[ends - 1], np.append(before[at[1:]], last))
-        run = np.fmax(before[at], nxt)
-        run[np.isnan(before[at]) | np.isnan(nxt)] = np.nan
+        run = np.maximum(before[at], nxt)  # NaN where either is
         local[at[0]:] = np.repeat(run, ends - at)
     for row, v in zip(rows, local.tolist(), strict=True):
         row["local_ratio"] = v
