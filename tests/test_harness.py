@@ -67,16 +67,30 @@ def test_build_reuses_binary_and_version_is_a_hash(build, tmp_path):
 
 
 def test_add_chain_runs_at_one_cycle_per_add(build):
-    # 3 harness processes. On a shared host a whole process sometimes runs slow
+    # Rounds of 3 harness processes. On a shared host a whole process sometimes runs slow
     # (suite.run_driver), and the typical-repetition check below takes the fastest process.
-    # The cycles-per-add checks take the median process: one process's TSC calibration can be
+    # The one-chain check takes the median process: one process's TSC calibration can be
     # several percent low (Zen 3 guest, 2026-11-25: in 3 of 57 runs of this test the fastest
     # of the 3 processes put the add chain at 0.93-0.94 cycles per add), and the
     # fastest-looking process is the one most likely to be.
-    runs = [harness.run_batch(build["addchain"], 2, reps=9, warmup=2, cpu=None, timeout_s=5,
-                              harness_bin=build["bin"]) for _ in range(3)]
-    assert all(r.failures == {} and r.restarts == 0 for r in runs)
-    res = sorted(runs, key=lambda r: _per_add(_rows_by_kernel(r)[0]))[1]
+    # The two-chain kernel needs two integer ALUs every cycle, which is what this host's
+    # neighbours take, for seconds to minutes (Cascade Lake guest, 2026-11-28: 0.51-0.52 per
+    # add in most processes, 0.54-0.59 in a few, the median of 3 processes over 0.55 in 2 of 6
+    # runs of this test): it is judged by the fastest process whose one-chain kernel reads
+    # right (its calibration is then right too), and while that is over the bound, 3 more
+    # processes run, up to 4 rounds. Interference only slows a chain down: every process
+    # must still respect the floor.
+    runs: list[harness.BatchResult] = []
+    for _ in range(4):
+        runs += [harness.run_batch(build["addchain"], 2, reps=9, warmup=2, cpu=None,
+                                   timeout_s=5, harness_bin=build["bin"]) for _ in range(3)]
+        assert all(r.failures == {} and r.restarts == 0 for r in runs)
+        per_add = [(_per_add(_rows_by_kernel(r)[0]), _per_add(_rows_by_kernel(r)[1]))
+                   for r in runs]
+        right = [two for one, two in per_add if one == pytest.approx(1.0, abs=0.05)]
+        if right and min(right) <= 0.55:
+            break
+    res = sorted(runs[:3], key=lambda r: _per_add(_rows_by_kernel(r)[0]))[1]
     _check_clock(res)
     by = _rows_by_kernel(res)
     assert sorted(by) == [0, 1] and all(len(rows) == 9 for rows in by.values())
@@ -87,9 +101,9 @@ def test_add_chain_runs_at_one_cycle_per_add(build):
         assert all(r["cycles1"] == -1 == r["cycles2"] for r in res.rows)
         assert by[0][0]["insns1"] == 20000 * 102 + 1 and by[0][0]["insns2"] == 20000 * 202 + 1
     # Latency-bound: one chain -> 1 cycle per add; two interleaved chains -> 0.5.
-    per_add = [_per_add(by[k]) for k in (0, 1)]
-    assert per_add[0] == pytest.approx(1.0, abs=0.05)
-    assert per_add[1] == pytest.approx(0.5, abs=0.05)
+    assert _per_add(by[0]) == pytest.approx(1.0, abs=0.05)
+    assert right and min(right) == pytest.approx(0.5, abs=0.05)
+    assert min(two for _, two in per_add) >= 0.45  # two chains of latency 1: 2 adds a cycle
     # The typical repetition is in the right neighbourhood too.
     assert 0.8 < min(map(_typical_per_add, runs)) < 1.3
 
