@@ -25,7 +25,7 @@ from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
 from cpumap.model import resmodel, validation
 from cpumap.model.outside import add_chain_forms, add_decomposed_forms, modelable
-from cpumap.model.palmed import NON_ADDITIVE_SHARE, PalmedConfig, wide
+from cpumap.model.palmed import NON_ADDITIVE_SHARE, PalmedConfig
 from cpumap.model.palmed.build import Build
 from cpumap.store import db, files
 
@@ -394,22 +394,16 @@ def wide_line(record: Mapping[str, Any] | None) -> str:
     """The wide probe and stage (``palmed.wide``) in words."""
     if not record:
         return "not probed"
-    dense = record.get("dense_encodings") or {}
-    again = ("; probed again beside a carrier " + f"{wide.DENSE_SHARE:g} times as dense: "
-             + ", ".join(f"{e or '?'} {s} of {n}" for e, (n, s) in sorted(dense.items()))
-             + f" slower (up to {record.get('dense_max_slowdown')} x)") if dense else ""
     if not record.get("observed"):
         return f"not seen ({record.get('reason')}; {record.get('probes', 0)} probes, " \
-               f"slowest {record.get('probe_max_slowdown', 'n/a')} x their parts in " \
-               f"sequence{again})"
+               f"slowest {record.get('probe_max_slowdown', 'n/a')} x their parts in sequence)"
     by = record.get("encodings") or {}
     per = "; per encoding (slower of probes) " + ", ".join(
         f"{e or '?'} {s} of {n}" for e, (n, s) in sorted(by.items())) if by else ""
     return (f"seen: {record['probes_slower']} of {record['probes']} narrow vector forms "
             f"beside {record['carrier']} slower than the two in sequence (up to "
-            f"{record['probe_max_slowdown']} x{per}{again}); the vector forms and the others' "
-            f"uses of vector resources measured again beside it: "
-            f"{record.get('kernels', 0)} kernels")
+            f"{record['probe_max_slowdown']} x{per}); the vector forms and the others' uses of "
+            f"vector resources measured again beside it: {record.get('kernels', 0)} kernels")
 
 
 def resource_table(model: resmodel.ResourceModel) -> list[str]:

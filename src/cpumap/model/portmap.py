@@ -14,10 +14,6 @@ kernel, as on Intel cores, where port 1 takes no vector μops while 512-bit μop
 
 A kernel holding a form of ``wide.forms`` is scheduled with ``wide.assignment`` in place of
 the forms' own μops (a simulated machine with that mode, for ``cpumap.model.palmed.wide``).
-An optional ``"min_share"`` (0 to 1) switches the mode on only where the wide forms are at
-least that share of the kernel's instructions: on Cascade Lake port 1 closes only while a
-512-bit μop waits in the scheduler, so one 512-bit instruction among 64 narrow ones leaves it
-open nearly all the time.
 
 Ports are fully pipelined (one μop per port per cycle), so the steady-state cycles of a kernel
 (a multiset of forms, no dependencies) is the optimal fractional schedule of its μops on ports:
@@ -115,10 +111,6 @@ def validate_mapping(obj: Any, source: str = "<mapping>") -> dict[str, Any]:
         unknown = [f for f in [*wide["forms"], *wide["assignment"]] if f not in set(insns)]
         if unknown:
             raise bad("wide", f"forms not listed in arch.insns: {unknown}")
-        share = wide.get("min_share", 0.0)
-        if not isinstance(share, (int, float)) or isinstance(share, bool) \
-                or not 0.0 <= share <= 1.0:
-            raise bad("wide.min_share", f"expected a number from 0 to 1, got {share!r}")
         validate_mapping({"kind": "Mapping3", "arch": arch,
                           "assignment": {**assignment, **wide["assignment"]}},
                          f"{source}: wide")
@@ -153,8 +145,6 @@ class PortMapping:
         wide = mapping.get("wide")
         #: forms whose presence switches the kernel to ``wide.assignment``, and that schedule
         self.wide_forms: frozenset[str] = frozenset(wide["forms"]) if wide else frozenset()
-        #: the share of the kernel's instructions the wide forms need to switch it
-        self.wide_min_share = float(wide.get("min_share", 0.0)) if wide else 0.0
         self._wide = PortMapping({"kind": "Mapping3", "arch": mapping["arch"],
                                   "assignment": {**mapping["assignment"],
                                                  **wide["assignment"]}}, source) \
@@ -184,10 +174,9 @@ class PortMapping:
 
     def cycles(self, kernel: Mapping[str, int]) -> float:
         """Exact optimal cycles per kernel instance (cached per kernel)."""
-        if self._wide is not None:
-            n_wide = sum(n for f, n in kernel.items() if f in self.wide_forms)
-            if n_wide and n_wide >= self.wide_min_share * sum(kernel.values()):
-                return self._wide.cycles(kernel)
+        if self._wide is not None and any(n and f in self.wide_forms
+                                          for f, n in kernel.items()):
+            return self._wide.cycles(kernel)
         key = tuple(sorted((f, int(n)) for f, n in kernel.items() if n))
         hit = self._cache.get(key)
         if hit is not None:
@@ -344,13 +333,11 @@ def synthetic_mapping(n_ports: int = 8, n_forms: int = 100, seed: int = 0) -> di
             "assignment": assignment}
 
 
-def wide_mode_mapping(mode: bool = True, min_share: float = 0.0,
-                      ) -> tuple[dict[str, Any], dict[str, int]]:
+def wide_mode_mapping(mode: bool = True) -> tuple[dict[str, Any], dict[str, int]]:
     """(Mapping3, vector lengths) of a small core with Intel's 512-bit mode (``mode``): beside
     a 512-bit form (``*Z*``), the narrow vector forms (``*X*``) leave port 1, as Intel cores'
-    do while 512-bit μops are in flight; with ``min_share``, only where the 512-bit forms are
-    at least that share of the kernel's instructions (Cascade Lake). The machine of
-    ``cpumap.model.palmed.wide``'s tests and of ``benchmarks/palmed_sim.py --wide``."""
+    do while 512-bit μops are in flight. The machine of ``cpumap.model.palmed.wide``'s tests
+    and of ``benchmarks/palmed_sim.py --wide``."""
     alu = ["p0", "p1", "p5", "p6"]
     forms = {"ADD": [alu], "IMUL": [["p1"]], "LOAD": [["p2", "p3"]],
              "ADDLOAD": [alu, ["p2", "p3"]], "SHL": [["p0", "p6"]],
@@ -367,7 +354,5 @@ def wide_mode_mapping(mode: bool = True, min_share: float = 0.0,
                                     "VFMAX": [["p0"]],
                                     "VADDXM": [["p0", "p5"], ["p2", "p3"]],
                                     "VMULX": [["p0"], ["p5"]]}}
-        if min_share:
-            m["wide"]["min_share"] = min_share
     widths = {f: 512 if "Z" in f else 128 for f in forms if f.startswith("V")}
     return m, widths

@@ -59,7 +59,7 @@ from cpumap.model.palmed.layout import layout_from_json, layout_json, layout_not
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
 from cpumap.model.palmed.training import training_kernels
-from cpumap.model.palmed.wide import fit_wide, mode_shares, mode_widths, probe, split
+from cpumap.model.palmed.wide import fit_wide, mode_widths, probe, split
 from cpumap.model.resmodel import OWN, ResourceModel, private
 from cpumap.model.resmodel import predict as resmodel_predict
 from cpumap.store.files import write_json_atomic
@@ -102,8 +102,6 @@ class Build:
     #: the wide probe's record (``palmed.wide.probe``); where ``observed``, the plain stages
     #: keep 512-bit and narrower vector forms apart and the wide stage fits them together
     wide_mode: dict[str, Any] = field(default_factory=dict)
-    #: narrow form -> its mode singleton's carrier share, where denser (``wide.mode_shares``)
-    mode_shares: dict[str, float] = field(default_factory=dict)
     #: layout-sensitive forms (``palmed.layout``) -> cycles a copy alone at each count
     layout: dict[str, dict[int, float]] = field(default_factory=dict)
 
@@ -210,7 +208,6 @@ class Build:
                 if record is not None:
                     break
                 b.run("wide", need, measure, log)
-            b.mode_shares = mode_shares(b.widths, record, encodings)
             b.wide_mode, b.widths = record, mode_widths(b.widths, record, encodings)
             log(f"wide: mode {'seen' if record['observed'] else 'not seen'}: {record}")
         b._finish("singletons", t0)
@@ -398,8 +395,9 @@ class Build:
         if not self.wide_mode.get("observed"):
             return
         t0 = time.perf_counter()
-        # the kernels the plain stages kept apart for the mode are the wide stage's own (a mix
-        # of a narrow form with a 512-bit saturating kernel is the same in both): asked again
+        # the kernels the plain stages kept apart for the mode are the wide stage's own (a
+        # mix of a narrow form with a 512-bit saturating kernel is the same kernel in both):
+        # no longer known as failed, so that the stage asks for them
         mode = {k for k in self.avoided if not transition.mixes(parse_canonical(k), self.apart)}
         self.avoided = [k for k in self.avoided if k not in mode]
         for k in mode:
@@ -421,8 +419,7 @@ class Build:
             step = fit_wide(self.forms, self.widths, self.singletons, rho, saturating,
                             self.meas, self.wide_mode["carrier"], t_plain=t_plain,
                             classes=model.provenance.get("behaviour_classes"),
-                            shares=self.mode_shares, config=self.config, log=log,
-                            lp_stats=st)
+                            config=self.config, log=log, lp_stats=st)
             if step.done:
                 break
             self.run("wide", step.need, measure, log)
@@ -451,7 +448,7 @@ class Build:
                 "core": self.core.as_dict() if self.core else None,
                 "info": self.info, "apart": self.apart, "avoided": self.avoided,
                 "widths": self.widths, "wide_mode": self.wide_mode,
-                "mode_shares": self.mode_shares, "layout": layout_json(self.layout)}
+                "layout": layout_json(self.layout)}
 
     def save(self, path: Path) -> None:
         write_json_atomic(self.as_dict(), path)
@@ -476,9 +473,9 @@ class Build:
                 core=Core.from_dict(d["core"]) if d["core"] else None,
                 done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})),
                 widths=dict(d["widths"]), wide_mode=dict(d["wide_mode"]),
-                mode_shares=dict(d.get("mode_shares", {})),
                 layout=layout_from_json(d["layout"]))
-        if kernels := [k for stage in d["asked"].values() for k in stage]:
+        kernels = [k for stage in d["asked"].values() for k in stage]
+        if kernels:
             b._store(kernels, measure(kernels))
         b._keep_apart(d.get("avoided", []))
         return b

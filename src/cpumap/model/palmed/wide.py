@@ -26,11 +26,6 @@ added once to kernels that hold no 512-bit form of their own.
    leaves out register moves, which renaming removes). The probes are counted per encoding
    (legacy, VEX/EVEX) and the mode covers only the narrow forms of an encoding with a
    slower probe or too few probes (``mode_widths``: on Zen 4 the legacy ones, on Intel all).
-   An encoding whose probes were all calm is probed again with the carrier ``DENSE_SHARE``
-   times as dense: Cascade Lake closes port 1 only while a 512-bit μop waits to execute,
-   which one carrier among 64 narrow forms' time hardly does. Where only that probe shows
-   the mode, the wide stage measures those forms' mode singletons at its share and keeps a
-   carrier per ``DENSE_EVERY`` instructions of its saturating kernels (``mode_shares``).
 2. Where the mode is seen, **the plain stages never mix** 512-bit forms and the narrower
    vector forms it covers in a kernel (``transition.mixes_512``; ``Build`` keeps them apart
    as it does the SSE/AVX families): the plain model is then the host outside the mode.
@@ -75,11 +70,6 @@ from cpumap.model.palmed.refit import _owned, _polish
 #: A mode singleton gives the narrow form this many times the carrier's time: the carrier's
 #: share of the kernel stays about 1/65.
 CARRIER_SHARE = 64.0
-#: An encoding whose probes all ran as fast beside one carrier in ``CARRIER_SHARE`` as in
-#: sequence is probed again with the carrier this many times denser (``probe``).
-DENSE_SHARE = 8.0
-#: ... and the wide stage's saturating kernels hold one carrier per this many instructions.
-DENSE_EVERY = 4.0
 #: The host has the mode when a probe beside the carrier is slower than the two in sequence
 #: by more than this many tol.
 MODE_TOLS = 4.0
@@ -108,25 +98,13 @@ def carrier(wide: Sequence[str], singletons: Mapping[str, float],
 
 
 def mode_singleton(form: str, z: str, singletons: Mapping[str, float],
-                   cfg: PalmedConfig, share: float = CARRIER_SHARE) -> tuple[Kernel, Kernel]:
-    """(Z^s, Z^s + form^n): the form beside the carrier, n t(form) ~ ``share`` s t(Z)."""
-    return mix({z: 1}, singletons[z], form, singletons[form], share, cfg.max_kernel)
+                   cfg: PalmedConfig) -> tuple[Kernel, Kernel]:
+    """(Z^s, Z^s + form^n): the form beside the carrier, n t(form) ~ ``CARRIER_SHARE`` s t(Z)."""
+    return mix({z: 1}, singletons[z], form, singletons[form], CARRIER_SHARE, cfg.max_kernel)
 
 
-def _with_carrier(sk: Mapping[str, int], wide: set[str], z: str, every: float = math.inf,
-                  ) -> Kernel:
-    """``sk`` with one carrier per ``every`` of its instructions (one at least), unless it
-    holds a 512-bit form of its own."""
-    if any(f in wide for f in sk):
-        return dict(sk)
-    return _add(sk, z, max(1, math.ceil(sum(sk.values()) / every - 1e-9)))
-
-
-def _slowdowns(mode: Mapping[str, tuple[Kernel, Kernel]], z: str,
-               singletons: Mapping[str, float], meas: Measurements) -> dict[str, float]:
-    """Each measured probe's time over the two parts' in sequence (a resource model's most)."""
-    return {f: meas[_text(k)] / (k[f] * singletons[f] + base[z] * singletons[z])
-            for f, (base, k) in mode.items() if _ok(meas, _text(k))}
+def _with_carrier(sk: Mapping[str, int], wide: set[str], z: str) -> Kernel:
+    return dict(sk) if any(f in wide for f in sk) else _add(sk, z, 1)
 
 
 def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
@@ -135,18 +113,11 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
           encodings: Mapping[str, str] | None = None,
           ) -> tuple[list[str], dict[str, Any] | None]:
     """(kernels to measure, None) until the probes are measured, then ([], record): whether
-    the host has the mode (``record["observed"]``), its carrier, the probes' slowdowns, and
-    per encoding (``record["encodings"]``: probes, probes slower) the carrier share at which
-    the mode showed (``record["shares"]``).
+    the host has the mode (``record["observed"]``), its carrier, the probes' slowdowns.
 
     Run right after the singletons: where the mode exists, no later stage may mix 512-bit and
     narrower vector forms (their uses differ by kernel), and the wide stage fits those
-    kernels at the end. An encoding whose probes were all as fast beside one carrier in
-    ``CARRIER_SHARE`` as in sequence is probed again with the carrier ``DENSE_SHARE`` times
-    as dense: on Cascade Lake port 1 closes only while a 512-bit μop waits to execute, so one
-    carrier among 64 narrow forms left every VEX probe calm (21 of 21), while held-out
-    kernels with a 512-bit form among 5 ran their narrow FP forms on port 0 alone
-    (``VADDPS ymm, VFMADD231PD ymm x4, VPXORQ zmm``: 5.02 cycles, 2.85 at the plain uses).
+    kernels at the end.
     """
     cfg = config or PalmedConfig()
     wide, narrow = split(forms, widths)
@@ -162,56 +133,26 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     need = sorted({_text(k) for pair in mode.values() for k in pair} - set(meas))
     if need:
         return need, None
-    slow = _slowdowns(mode, z, singletons, meas)
-    group = {f: _encoding_group((encodings or {}).get(f)) for f in slow}
-    limit = 1 + MODE_TOLS * cfg.tol
-
-    def per_group(s: Mapping[str, float]) -> dict[str, list[int]]:
-        by: dict[str, list[int]] = {}
-        for f in sorted(s):
-            n = by.setdefault(group[f], [0, 0])
-            n[0] += 1
-            n[1] += s[f] > limit
-        return by
-
-    calm = {g for g, (n, slower) in per_group(slow).items() if not slower and n >= MODE_CALM_MIN}
-    dense = {f: mode_singleton(f, z, singletons, cfg, CARRIER_SHARE / DENSE_SHARE)
-             for f in slow if group[f] in calm}
-    need = sorted({_text(k) for pair in dense.values() for k in pair} - set(meas))
-    if need:
-        return need, None
-    slow_dense = _slowdowns(dense, z, singletons, meas)
-    by_dense = per_group(slow_dense)
-    shares = {g: CARRIER_SHARE for g, (_, slower) in per_group(slow).items() if slower}
-    shares |= {g: CARRIER_SHARE / DENSE_SHARE for g, (_, slower) in by_dense.items() if slower}
-    slower = {f for f, v in slow.items() if v > limit} | \
-        {f for f, v in slow_dense.items() if v > limit}
+    slow = {}
+    for f, (base, k) in mode.items():
+        if _ok(meas, _text(k)):
+            slow[f] = meas[_text(k)] / (k[f] * singletons[f] + base[z] * singletons[z])
     record["probes"] = len(slow)
     record["probe_max_slowdown"] = round(max(slow.values(), default=math.nan), 4)
+    slower = {f for f, v in slow.items() if v > 1 + MODE_TOLS * cfg.tol}
     record["probes_slower"] = len(slower)
     record["observed"] = bool(slower)
-    if dense:
-        record["dense_probes"] = len(slow_dense)
-        record["dense_max_slowdown"] = round(max(slow_dense.values(), default=math.nan), 4)
-        record["dense_encodings"] = by_dense
     if encodings is not None:
-        # per encoding: [probes, probes slower at either share] (Zen 4: only legacy SSE)
-        record["encodings"] = {g: [n, sum(f in slower for f in slow if group[f] == g)]
-                               for g, (n, _) in per_group(slow).items()}
-    record["shares"] = shares
+        # per encoding: [probes, probes slower] (Zen 4: only the legacy-SSE ones slow)
+        by: dict[str, list[int]] = {}
+        for f in sorted(slow):
+            n = by.setdefault(_encoding_group(encodings.get(f)), [0, 0])
+            n[0] += 1
+            n[1] += f in slower
+        record["encodings"] = by
     if not record["observed"]:
         record["reason"] = "no probe slower beside the carrier than in sequence"
     return [], record
-
-
-def mode_shares(widths: Mapping[str, int], record: Mapping[str, Any],
-                encodings: Mapping[str, str] | None) -> dict[str, float]:
-    """Narrow form -> the carrier share of its mode singletons in the wide stage, where that
-    is not ``CARRIER_SHARE``: the share at which its encoding's probes showed the mode."""
-    shares = record.get("shares") or {}
-    return {f: shares[g] for f, w in widths.items() if 0 < w < WIDE_BITS
-            and (g := _encoding_group((encodings or {}).get(f))) in shares
-            and shares[g] != CARRIER_SHARE}
 
 
 #: An encoding is left out of the mode only if at least this many of its probes, none
@@ -253,7 +194,6 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
              saturating: Sequence[tuple[Mapping[str, int], float]], meas: Measurements,
              z: str, *, t_plain: Sequence[float] | None = None,
              classes: Mapping[str, Sequence[str]] | None = None,
-             shares: Mapping[str, float] | None = None,
              config: PalmedConfig | None = None, log: Log = _nolog,
              lp_stats: _LPStats | None = None) -> Step:
     """Stage 8: the wide uses of the vector forms, on a host where ``probe`` saw the mode.
@@ -269,9 +209,6 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     Step whose ``need`` lists kernels to measure, or ``done`` with ``result`` = (form ->
     resource index -> wide use, form -> own use).
 
-    ``shares`` (``mode_shares``): narrow form -> the carrier share of its mode singleton,
-    where the probe saw the mode only with a denser carrier than ``CARRIER_SHARE``.
-
     ``t_plain`` (the saturating kernels' construction times, which built the plain stages'
     mixes) screens the lighter proportions: a form whose balanced mix beside ``SK^s + Z``
     rose as much a copy as its balanced mix beside ``SK^s`` did in the plain stages
@@ -283,15 +220,12 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     """
     cfg = config or PalmedConfig()
     wide, narrow = split(forms, widths)
-    shares = shares or {}
-    mode = {f: mode_singleton(f, z, singletons, cfg, shares.get(f, CARRIER_SHARE))
-            for f in narrow}
+    mode = {f: mode_singleton(f, z, singletons, cfg) for f in narrow}
     need = sorted({_text(k) for pair in mode.values() for k in pair} - set(meas))
     if need:
         return Step(need=need)
     # each form's time in the mode: a narrow one's beside the carrier, per copy (the
-    # carrier's share is 1/(share + 1) at most: ``shares``, the probe's), a 512-bit one's
-    # alone
+    # carrier's share is 1/(CARRIER_SHARE + 1) at most), a 512-bit one's alone
     t_mode = {f: singletons[f] for f in wide}
     for f, (_, k) in mode.items():
         if _ok(meas, _text(k)):
@@ -299,11 +233,9 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     vector = sorted(t_mode)
     rep_of = _wide_reps(classes or {}, widths, t_mode, cfg.tol)
     wide_set = set(wide)
-    # where the mode showed only beside a dense carrier, the saturating kernels keep one
-    # carrier per DENSE_EVERY instructions, so that their mixes stay in the mode
-    every = DENSE_EVERY if shares else math.inf
-    sat = [(sk_z, t + (sk_z.get(z, 0) - sk.get(z, 0)) * singletons[z])
-           for sk, t in saturating for sk_z in [_with_carrier(sk, wide_set, z, every)]]
+    sat = [(_with_carrier(sk, wide_set, z),
+            t + (0.0 if any(f in wide_set for f in sk) else singletons[z]))
+           for sk, t in saturating]
     # the other forms only meet the resources a vector form saturates: what the mode can
     # change for them (general-purpose forms beside vector μops that left port 1); their uses
     # of the others stay the plain ones
