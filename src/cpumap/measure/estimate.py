@@ -140,8 +140,7 @@ def calib_ratio(cal1: np.ndarray, cal2: np.ndarray, adds: float) -> float:
     cost is not negative), and that fixed cost is at most CALIB_OVERHEAD of the chain (upper
     bound). Each chain's least disturbed sample then sets the ratio to within that fraction.
     """
-    return float(sample_ratios(np.array([_fastest(cal1)]), np.array([_fastest(cal2)]),
-                               np.array([adds]))[0])
+    return float(sample_ratios(_fastest(cal1), _fastest(cal2), adds))
 
 
 def sample_ratios(cal1: np.ndarray, cal2: np.ndarray, adds: np.ndarray) -> np.ndarray:
