@@ -74,7 +74,7 @@ def test_schema_has_the_contract_columns() -> None:
         "params", "harness_version", "batch_id", "rep", "status", "error", "clock",
         "insn_source", "ticks1", "ticks2", "cycles1", "cycles2", "calib_ratio", "instances",
         "instructions", "cycles", "cycles_per_instance", "timestamp", "cal1", "cal2",
-        "cal_adds", "stable", "role", "round", "local_ratio",
+        "cal_adds", "stable", "role", "round", "local_ratio", "run_ratio_low",
     ]  # fmt: skip
     assert str(db.SCHEMA.field("timestamp").type) == "timestamp[us, tz=UTC]"
 

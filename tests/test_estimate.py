@@ -303,13 +303,19 @@ def test_calibration_core_keeps_every_batch_ratio_exactly():
 def test_a_repetition_is_converted_at_the_clock_it_ran_at():
     """Rows whose ``local_ratio`` is slower than the batch's pooled ratio by more than
     CLOCK_AGREE are converted at it (an Intel licence clock: 0.96 against 1.24 cycles per tick);
-    within CLOCK_AGREE, or faster, the pooled ratio stands (more samples, the same clock)."""
+    within CLOCK_AGREE, or faster, the pooled ratio stands (more samples, the same clock). Not
+    for a kernel with a run whose samples both read the batch's clock (``run_ratio_low``):
+    D ran at 1.24 throughout while the samples of its other runs read 0.96 (chains a
+    neighbour slowed), and converted at 0.96 it would read 0.387, under what it is."""
     rows = []
-    for kernel, ran_at, local in (("A", 0.96, 0.96), ("B", 1.24, 1.235), ("C", 1.24, 1.30)):
+    for kernel, ran_at, local in (("A", 0.96, 0.96), ("B", 1.24, 1.235), ("C", 1.24, 1.30),
+                                  ("D", 1.24, 0.96)):
         r = make_rows("b0", {kernel: [0.5] * 16})
         ticks = np.round(0.5 * 20_000 / ran_at)
         r["instances"], r["ticks1"], r["ticks2"] = 20_000, ticks + 500, 2 * ticks + 500
         r["local_ratio"] = local
+        # A's run after its first: the clock already slow; D's first run proven at 1.24
+        r["run_ratio_low"] = np.where((kernel == "D") & (r.index < 4), 1.24, min(local, 1.2))
         rows.append(r)
     rows = pd.concat(rows, ignore_index=True)
     every = rows.index % 4 == 0  # the batch's fastest chains: 1.24 cycles per tick
@@ -322,6 +328,10 @@ def test_a_repetition_is_converted_at_the_clock_it_ran_at():
     assert plain.cycles_per_instance_est["A"] == pytest.approx(0.5 * 1.24 / 0.96, rel=1e-3)
     assert agg["B"] == plain.cycles_per_instance_est["B"] == pytest.approx(0.5, rel=1e-3)
     assert agg["C"] == plain.cycles_per_instance_est["C"]
+    assert agg["D"] == plain.cycles_per_instance_est["D"] == pytest.approx(0.5, rel=1e-3)
+    unproven = estimate.aggregate(rows.drop(columns="run_ratio_low")).set_index("kernel")
+    assert unproven.cycles_per_instance_est["D"] == pytest.approx(0.5 * 0.96 / 1.24, rel=1e-3)
+    assert unproven.cycles_per_instance_est["A"] == agg["A"]
 
 
 def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):

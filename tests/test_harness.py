@@ -301,6 +301,11 @@ def test_each_run_of_repetitions_takes_the_faster_clock_around_it():
                                     nan_ok=True)  # kernel 2: the clock rose after it
     assert np.isnan(got[6]) and got[7] == pytest.approx(slow, rel=1e-4)
     assert [r["local_ratio"] for r in rows][1::2] == pytest.approx(got, nan_ok=True)
+    # run_ratio_low: the lower of the two samples as they read, not as levels
+    low = [r["run_ratio_low"] for r in rows]
+    assert low[::2] == pytest.approx([slow, slow * 0.99, slow * 0.99, fast, fast, 0.80, 0.80,
+                                      slow], rel=1e-4)
+    assert low[1::2] == low[::2]
 
 
 def test_a_vector_form_after_a_heavy_one_runs_at_its_own_clock(catalogue_df, host, tmp_path):

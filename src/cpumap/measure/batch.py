@@ -440,6 +440,8 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now,
             "role": _role(int(r["index"]), mons), "round": r.get("round"),
             "local_ratio": float(r.get("local_ratio", np.nan)) if res.clock != "papi"
             else np.nan,
+            "run_ratio_low": float(r.get("run_ratio_low", np.nan)) if res.clock != "papi"
+            else np.nan,
         })
     return rows
 

@@ -324,6 +324,25 @@ def calibration_core(df: pd.DataFrame) -> pd.DataFrame:
     return have[keep]
 
 
+def _proven_fast(ok: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Rows of kernels (``keys``) with a run of repetitions whose calibration samples, before
+    and after it, both read the batch's pooled ratio (``run_ratio_low``, within
+    CLOCK_AGREE).
+
+    Why such a kernel keeps the batch's ratio for all its rows: a slower sample is a slower
+    clock or a chain a neighbour slowed, and only the first lengthens the kernel. Cascade
+    Lake guest, 2026-11-28: in one process of the add+imul chain (4 cycles a link) the
+    samples read 0.93 cycles per tick for 6 runs in a row, tightly enough to make a level,
+    while the kernel's fastest calls between them took 4.01 ticks (3.73 cycles at 0.93,
+    under its latency), and its runs in the other processes 3.70 ticks (4.02 cycles at the
+    batch's 1.087): converted at 0.93, the chain read 3.48. A kernel that lowers the clock
+    itself (a heavy 512-bit form) has no such run: its first run's closing sample is
+    already slow."""
+    low = ok["run_ratio_low"].astype("float64")
+    proven = (low >= ok["calib_ratio"] * (1.0 - CLOCK_AGREE)).rename("_proven")
+    return proven.groupby([ok[k] for k in keys], sort=False, dropna=False).transform("any")
+
+
 def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
               ratios: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
     """One row per (machine_id, kernel_id, params_id) over the ``ok`` repetitions (columns
@@ -331,7 +350,8 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
 
     Each row's ticks are converted with its batch's pooled ratio (:func:`batch_ratios`; the
     row's own ``calib_ratio`` where the batch has no calibration sample), or with the clock
-    the row ran at (``local_ratio``) where that was slower by more than CLOCK_AGREE.
+    the row ran at (``local_ratio``) where that was slower by more than CLOCK_AGREE, unless
+    a run of the same kernel was proven at the batch's clock (:func:`_proven_fast`).
     ``ratios`` may be given when ``df`` holds only part of the rows they come from (the
     batch's own, or those of the batches measured before it).
 
@@ -358,6 +378,11 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
         # within CLOCK_AGREE of the batch's level, the pooled value (more samples)
         local = ok["local_ratio"].astype("float64")
         slower = local.notna() & (local < ok["calib_ratio"] * (1.0 - CLOCK_AGREE))
+        if "run_ratio_low" in ok:
+            # a kernel with a run whose samples both read the batch's clock ran at it then,
+            # and its fastest repetitions are those: the slower samples of its other runs
+            # may be chains a neighbour slowed, not the clock (``_proven_fast``)
+            slower &= ~_proven_fast(ok, keys)
         ok["calib_ratio"] = ok["calib_ratio"].where(~slower, local)
     tsc = (ok["clock"] != "papi").to_numpy()
     c1 = np.where(tsc, ok["ticks1"] * ok["calib_ratio"], ok["cycles1"].astype("float64"))

@@ -277,24 +277,34 @@ def assign_local_ratios(rows: list[dict[str, Any]], samples: tuple[np.ndarray, n
     (``ADDPD xmm`` 0.6455 cycles, 0.4996 at its own clock). The faster of the two: a clock
     that rose during the run makes its repetitions at most slower, never faster, than their
     cycles. NaN where either sample has no level (the estimator then uses the batch's
-    ratio)."""
+    ratio).
+
+    Each row's ``run_ratio_low`` is the lower of the two samples' own ratios (not levels):
+    a sample reading the batch's fastest clock proves the clock was that fast then (chains
+    are only ever slowed), a slower one does not prove a slower clock (the estimator's use of
+    it: ``estimate.aggregate``)."""
     if not rows:
         return
-    before, closing = samples
-    at = np.flatnonzero(np.isfinite(before))
-    before, closing = level(before), level(closing)
+    raw_before, raw_closing = samples
+    at = np.flatnonzero(np.isfinite(raw_before))
+    before, closing = level(raw_before), level(raw_closing)
     local = np.full(len(rows), np.nan)
+    low = np.full(len(rows), np.nan)
     if len(at):
         ends = np.append(at[1:], len(rows))
         # after each run: the kernel's own closing sample, else the next run's first sample,
         # else (the last run of an older harness) the process's closing calibration
         last = np.nan if after is None or not math.isfinite(after) else after
-        has_closing = np.isfinite(samples[1][ends - 1])
+        has_closing = np.isfinite(raw_closing[ends - 1])
         nxt = np.where(has_closing, closing[ends - 1], np.append(before[at[1:]], last))
         run = np.maximum(before[at], nxt)  # NaN where either is
         local[at[0]:] = np.repeat(run, ends - at)
-    for row, v in zip(rows, local.tolist(), strict=True):
+        raw_nxt = np.where(has_closing, raw_closing[ends - 1],
+                           np.append(raw_before[at[1:]], last))
+        low[at[0]:] = np.repeat(np.minimum(raw_before[at], raw_nxt), ends - at)
+    for row, v, lo in zip(rows, local.tolist(), low.tolist(), strict=True):
         row["local_ratio"] = v
+        row["run_ratio_low"] = lo
 
 
 def _run_segment(cmd: list[str], seg: Segment, reps: int, max_reps: int, watchdog_s: float,

@@ -89,14 +89,17 @@ SCHEMA = pa.schema(
         pa.field("stable", pa.bool_()),  # the harness stopped at a stability checkpoint
         pa.field("role", pa.string()),  # 'kernel' | 'monitor' (noise reference of a batch)
         pa.field("round", pa.int64()),  # which of the batch's harness passes measured it
-        # core cycles per TSC tick while this repetition ran (harness._assign_local_ratios)
+        # core cycles per TSC tick while this repetition ran (harness.assign_local_ratios)
         pa.field("local_ratio", pa.float64()),
+        # the lower of the two samples' own ratios around its run (harness.assign_local_ratios)
+        pa.field("run_ratio_low", pa.float64()),
     ]
 )
 COLUMNS: list[str] = list(SCHEMA.names)
 #: Columns a part written before they existed lacks, and the value its rows read as.
 OPTIONAL: dict[str, Any] = {"cal1": None, "cal2": None, "cal_adds": None, "stable": None,
-                            "role": "kernel", "round": None, "local_ratio": None}
+                            "role": "kernel", "round": None, "local_ratio": None,
+                            "run_ratio_low": None}
 
 _PART_RE = re.compile(r"^part-(?P<batch>[A-Za-z0-9._-]+)\.parquet$")
 _BATCH_RE = re.compile(r"^[A-Za-z0-9._-]+$")
