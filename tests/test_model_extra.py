@@ -98,8 +98,16 @@ def test_validation_measures_a_sample_again_for_the_run_to_run_floor():
     expect = math.sqrt((2 * (1 / 1.02 - 1) ** 2) / 4)
     assert floor["kernels"] == 4 and math.isclose(floor["rms_rel_diff_ipc"], expect)
     assert metrics["rms_rel_error_ipc"] == 0.0  # the model is the fake's truth
+    # the ranking floor: tau between the two measurements, and the model's on the same four
+    from scipy.stats import kendalltau
+    first = table.head(4)
+    second = [c * (1.02 if i % 2 else 1.0) for i, c in enumerate(first.cycles_measured)]
+    want = kendalltau(first.n_insns / first.cycles_measured, first.n_insns / second).statistic
+    assert math.isclose(floor["kendall_tau"], want)
+    assert floor["model"]["rms_rel_error_ipc"] == 0.0 and floor["model"]["kendall_tau"] == 1.0
     report = jobs.validation_report(metrics, {}, "m", 6)
     assert "measured again in a batch of their own" in report
+    assert f"rank them with Kendall's tau {want:.4f}" in report
     _, none = jobs.run_validation(model, ["A", "B", "C"], fake, 6, seed=1)
     assert "run_to_run" not in none
 
