@@ -1,7 +1,7 @@
 /*
  * driver.c -- main() of every real-kernel benchmark of the suite (see driver.h).
  *
- *   BIN [--n N] [--reps K] [--cold] [--cpu C] [--min-ticks T]
+ *   BIN [--n N] [--reps K] [--cold] [--cpu C] [--min-ticks T] [--untimed]
  *
  * Sets up the kernel's data of problem size N (default: the kernel's L1-resident size), then
  * K times: (--cold: evict the data caches) timestamp, kernel_<name>(...), timestamp.  Prints
@@ -20,6 +20,10 @@
  * ticks (the faster of two runs of R), and every repetition then times R calls; "inner" is R and
  * "cycles" are per call (ticks / R x ratio).  The default T = 0 keeps R = 1 and the exact
  * number of calls (Cachegrind and Callgrind runs difference call counts).
+ *
+ * --untimed: no clock at all (no PAPI, no calibration chains; "clock": "untimed", no
+ * "cycles"), for the runs that only count (Valgrind, gdb): under Valgrind the two calibrations'
+ * 84 million adds cost seconds per run, and a counted run's times mean nothing.
  *
  * Exit codes: 0 ok, 2 bad arguments.
  */
@@ -95,14 +99,15 @@ static long parse_long(const char *opt, const char *v, long lo)
 
 static void usage(const char *prog)
 {
-    fprintf(stderr, "usage: %s [--n N] [--reps K] [--cold] [--cpu C] [--min-ticks T]\n", prog);
+    fprintf(stderr, "usage: %s [--n N] [--reps K] [--cold] [--cpu C] [--min-ticks T] "
+            "[--untimed]\n", prog);
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     long n = KERNEL_DESC.default_n, reps = 1, cpu = -1, min_ticks = 0, inner = 1;
-    int cold = 0;
+    int cold = 0, untimed = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc)
             n = parse_long("--n", argv[++i], 1);
@@ -114,6 +119,8 @@ int main(int argc, char **argv)
             min_ticks = parse_long("--min-ticks", argv[++i], 0);
         else if (!strcmp(argv[i], "--cold"))
             cold = 1;
+        else if (!strcmp(argv[i], "--untimed"))
+            untimed = 1;
         else
             usage(argv[0]);
     }
@@ -133,9 +140,9 @@ int main(int argc, char **argv)
     }
     uint64_t *ticks = drv_alloc((size_t)reps * sizeof *ticks);
     long long *counted = drv_alloc((size_t)reps * sizeof *counted);
-    int papi = papi_start();
-    double ratio = papi ? 0.0 : calibrate();
-    if (min_ticks > 0 && !cold) {
+    int papi = untimed ? 0 : papi_start();
+    double ratio = papi || untimed ? 0.0 : calibrate();
+    if (min_ticks > 0 && !cold && !untimed) {
         /* double R until R untimed-for-the-record calls last min_ticks (the first call, with
          * its page faults and cold caches, would underestimate R if timed alone); each R is
          * run twice and the faster run counts: one interrupted run stopped the doubling early,
@@ -169,13 +176,14 @@ int main(int argc, char **argv)
         ticks[r] = t1 - t0;
         counted[r] = c1[0] - c0[0];
     }
-    if (!papi)
+    if (!papi && !untimed)
         ratio = (ratio + calibrate()) / 2.0;
     double sum = KERNEL_DESC.checksum();
     printf("{\"kernel\": \"%s\", \"n\": %ld, \"reps\": %ld, \"inner\": %ld, \"clock\": \"%s\", "
            "\"cycles_per_tick\": ",
-           KERNEL_DESC.name, n, reps, inner, papi ? "papi" : "tsc-calibrated");
-    if (papi)
+           KERNEL_DESC.name, n, reps, inner,
+           untimed ? "untimed" : papi ? "papi" : "tsc-calibrated");
+    if (papi || untimed)
         printf("null");
     else
         printf("%.6f", ratio);
@@ -183,7 +191,7 @@ int main(int argc, char **argv)
     for (long r = 0; r < reps; r++)
         printf("%s%llu", r ? ", " : "", (unsigned long long)ticks[r]);
     printf("], \"cycles\": [");
-    for (long r = 0; r < reps; r++) {
+    for (long r = 0; r < reps && !untimed; r++) {
         if (papi)
             printf("%s%.1f", r ? ", " : "", (double)counted[r] / (double)inner);
         else

@@ -102,6 +102,20 @@ def test_driver_n_scales_and_bad_arguments_exit_2(built):
     assert cold["reps"] == 2
 
 
+def test_an_untimed_run_says_so_and_computes_the_same(built):
+    """``--untimed`` (the runs that only count, under Valgrind or gdb): no clock, no cycles,
+    the same kernel work (checksum) as a timed run."""
+    args = suite.driver_args(1000, 2, untimed=True)
+    assert args[-1] == "--untimed"
+    proc = subprocess.run([str(built["dot.O2"]), *args], capture_output=True, text=True,
+                          check=True)
+    out = json.loads(proc.stdout)
+    timed = suite.measure_kernel(built["dot.O2"], n=1000, reps=2)
+    assert out["clock"] == "untimed" and out["cycles_per_tick"] is None
+    assert out["cycles"] == [] and out["reps"] == 2 and len(out["ticks"]) == 2
+    assert out["checksum"] == timed["checksum"]
+
+
 def test_kernels_are_single_closed_functions_without_calls(built):
     for bench, exe in built.items():
         k, _ = suite.split_benchmark(bench)

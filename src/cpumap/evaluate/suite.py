@@ -133,8 +133,9 @@ PROCESS_PAUSE_S = 0.5
 
 
 def driver_args(n: int | None = None, reps: int = 1, cold: bool = False,
-                cpu: int | None = None, min_ticks: int = 0) -> list[str]:
-    """The driver's command-line arguments (kernels/driver.c)."""
+                cpu: int | None = None, min_ticks: int = 0, untimed: bool = False) -> list[str]:
+    """The driver's command-line arguments (kernels/driver.c); ``untimed`` for runs that only
+    count (no clock calibration: under Valgrind it cost seconds a run)."""
     args: list[str] = []
     if n is not None:
         args += ["--n", str(int(n))]
@@ -145,6 +146,8 @@ def driver_args(n: int | None = None, reps: int = 1, cold: bool = False,
         args += ["--cpu", str(int(cpu))]
     if min_ticks and not cold:
         args += ["--min-ticks", str(int(min_ticks))]
+    if untimed:
+        args.append("--untimed")
     return args
 
 

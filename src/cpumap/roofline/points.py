@@ -282,7 +282,8 @@ def count_point(binary: Path, benchmark: str, n: int, state: str, machine: Mappi
                                 f"{gdb_max_footprint} bytes (roofline.points.gdb_max_footprint)")
         if key not in cache:
             blocks = extract_blocks(binary, function)
-            by_block = count_blocks(binary, function, blocks, suite.driver_args(n, 1, cold),
+            by_block = count_blocks(binary, function, blocks,
+                                    suite.driver_args(n, 1, cold, untimed=True),
                                     timeout=count_timeout)
             cache[key] = {a: by_block.get(b.address, 0)
                           for b in blocks for a in _insn_addresses(b)}
@@ -291,7 +292,7 @@ def count_point(binary: Path, benchmark: str, n: int, state: str, machine: Mappi
                 "mem_bytes_reason": "valgrind cannot run AVX-512 (EVEX) code: no cache "
                                     "simulation, core-side bytes only"}
     else:
-        costs = callgrind_run(binary, function, suite.driver_args(n, 2, cold),
+        costs = callgrind_run(binary, function, suite.driver_args(n, 2, cold, untimed=True),
                               callgrind_caches(machine), sim_timeout)
         counts = {a: c.get("Ir", 0) for a, c in costs.items()}
         rec |= {"count_source": "callgrind", **memory_bytes(costs),
