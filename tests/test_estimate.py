@@ -304,18 +304,23 @@ def test_a_repetition_is_converted_at_the_clock_it_ran_at():
     """Rows whose ``local_ratio`` is slower than the batch's pooled ratio by more than
     CLOCK_AGREE are converted at it (an Intel licence clock: 0.96 against 1.24 cycles per tick);
     within CLOCK_AGREE, or faster, the pooled ratio stands (more samples, the same clock). Not
-    for a kernel with a run whose samples both read the batch's clock (``run_ratio_low``):
-    D ran at 1.24 throughout while the samples of its other runs read 0.96 (chains a
-    neighbour slowed), and converted at 0.96 it would read 0.387, under what it is."""
+    for a kernel whose run proven at the batch's clock (both samples, ``run_ratio_low``) took
+    no more ticks than its runs the samples put slower: D ran at 1.24 throughout while the
+    samples of its other runs read 0.96 (chains a neighbour slowed), and converted at 0.96 it
+    would read 0.387, under what it is. E's proven run was slowed by a neighbour (40 % more
+    ticks than at 1.24) and its other runs took fewer ticks than that: their clock stands."""
     rows = []
     for kernel, ran_at, local in (("A", 0.96, 0.96), ("B", 1.24, 1.235), ("C", 1.24, 1.30),
-                                  ("D", 1.24, 0.96)):
+                                  ("D", 1.24, 0.96), ("E", 0.96, 0.96)):
         r = make_rows("b0", {kernel: [0.5] * 16})
         ticks = np.round(0.5 * 20_000 / ran_at)
+        first = r.index < 4  # the kernel's first run
+        if kernel == "E":  # proven at 1.24 but slowed by a neighbour
+            ticks = np.where(first, np.round(1.4 * 0.5 * 20_000 / 1.24), ticks)
         r["instances"], r["ticks1"], r["ticks2"] = 20_000, ticks + 500, 2 * ticks + 500
-        r["local_ratio"] = local
-        # A's run after its first: the clock already slow; D's first run proven at 1.24
-        r["run_ratio_low"] = np.where((kernel == "D") & (r.index < 4), 1.24, min(local, 1.2))
+        r["local_ratio"] = np.where(first & (kernel == "E"), 1.24, local)
+        # A's runs after its first: the clock already slow; D's and E's first run proven
+        r["run_ratio_low"] = np.where(first & (kernel in "DE"), 1.24, min(local, 1.2))
         rows.append(r)
     rows = pd.concat(rows, ignore_index=True)
     every = rows.index % 4 == 0  # the batch's fastest chains: 1.24 cycles per tick
@@ -332,6 +337,8 @@ def test_a_repetition_is_converted_at_the_clock_it_ran_at():
     unproven = estimate.aggregate(rows.drop(columns="run_ratio_low")).set_index("kernel")
     assert unproven.cycles_per_instance_est["D"] == pytest.approx(0.5 * 0.96 / 1.24, rel=1e-3)
     assert unproven.cycles_per_instance_est["A"] == agg["A"]
+    assert agg["E"] == pytest.approx(0.5, rel=1e-3)
+    assert plain.cycles_per_instance_est["E"] == pytest.approx(0.5 * 1.24 / 0.96, rel=1e-3)
 
 
 def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):

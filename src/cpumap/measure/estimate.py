@@ -324,23 +324,42 @@ def calibration_core(df: pd.DataFrame) -> pd.DataFrame:
     return have[keep]
 
 
-def _proven_fast(ok: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """Rows of kernels (``keys``) with a run of repetitions whose calibration samples, before
-    and after it, both read the batch's pooled ratio (``run_ratio_low``, within
-    CLOCK_AGREE).
+def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, gid: np.ndarray, n: int,
+                       step: np.ndarray, omax: np.ndarray) -> np.ndarray:
+    """Groups (kernels) whose rows all keep the batch's ratio although some ran where the
+    samples read a slower clock (``slower``): those with a run whose two samples both read the
+    batch's ratio (``run_ratio_low``; chains are only ever slowed, so a fast sample proves
+    the clock) and whose repetitions there, in TSC ticks, are not slower (beyond
+    ROBUST_WIDTH) than where the samples read slower.
 
-    Why such a kernel keeps the batch's ratio for all its rows: a slower sample is a slower
-    clock or a chain a neighbour slowed, and only the first lengthens the kernel. Cascade
-    Lake guest, 2026-11-28: in one process of the add+imul chain (4 cycles a link) the
-    samples read 0.93 cycles per tick for 6 runs in a row, tightly enough to make a level,
-    while the kernel's fastest calls between them took 4.01 ticks (3.73 cycles at 0.93,
-    under its latency), and its runs in the other processes 3.70 ticks (4.02 cycles at the
-    batch's 1.087): converted at 0.93, the chain read 3.48. A kernel that lowers the clock
-    itself (a heavy 512-bit form) has no such run: its first run's closing sample is
-    already slow."""
-    low = ok["run_ratio_low"].astype("float64")
-    proven = (low >= ok["calib_ratio"] * (1.0 - CLOCK_AGREE)).rename("_proven")
-    return proven.groupby([ok[k] for k in keys], sort=False, dropna=False).transform("any")
+    Why: a slower sample is a slower clock or a chain a neighbour slowed. Cascade Lake guest,
+    2026-11-28: in one process of the add+imul chain (4 cycles a link) the samples read 0.93
+    cycles per tick for six runs in a row, tightly enough to make a level, while the chain's
+    fastest calls between them took 4.01 ticks (3.73 cycles at 0.93, under its latency) and
+    3.70 in the runs proven at the batch's 1.087 (4.02 cycles): converted at 0.93 it read
+    3.48. Where the clock really was slower the kernel takes more ticks there, or fewer when
+    a neighbour slowed its proven runs (CMP_R64_I8*3 MOV_R64_M64: 0.923 ticks at a proven
+    2.7 GHz, 1.0 cycle, against 0.95 and more in proven 3.1 GHz runs that neighbours took
+    ALU slots from): then the slower clock stands. A kernel that lowers the clock itself (a
+    heavy 512-bit form) has no proven run: its first run's closing sample is already slow."""
+    ratio = ok["calib_ratio"].to_numpy("float64")
+    low = ok["run_ratio_low"].astype("float64").to_numpy()
+    proven = low >= ratio * (1.0 - CLOCK_AGREE)
+    tsc = (ok["clock"] != "papi").to_numpy()
+    inst = ok["instances"].to_numpy("float64")
+    c1 = ok["ticks1"].to_numpy("float64") * ratio / inst
+    c2 = ok["ticks2"].to_numpy("float64") * ratio / inst
+    timed = tsc & (c1 > 0) & (c2 > 0)
+
+    def est(mask: np.ndarray) -> np.ndarray:
+        m = timed & mask
+        return _estimates(np.where(m, c1, np.nan), np.where(m, c2, np.nan), gid, n, step,
+                          omax)[0]
+
+    at_proven, at_slower = est(proven), est(slower.to_numpy())
+    with np.errstate(invalid="ignore"):
+        # fewer ticks beyond the estimate's own width: the proven runs were slowed
+        return np.isfinite(at_proven) & ~(at_slower < at_proven * (1.0 - ROBUST_WIDTH))
 
 
 def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
@@ -351,7 +370,7 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     Each row's ticks are converted with its batch's pooled ratio (:func:`batch_ratios`; the
     row's own ``calib_ratio`` where the batch has no calibration sample), or with the clock
     the row ran at (``local_ratio``) where that was slower by more than CLOCK_AGREE, unless
-    a run of the same kernel was proven at the batch's clock (:func:`_proven_fast`).
+    the kernel's own repetitions contradict it (:func:`_keeps_batch_clock`).
     ``ratios`` may be given when ``df`` holds only part of the rows they come from (the
     batch's own, or those of the batches measured before it).
 
@@ -378,11 +397,15 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
         # within CLOCK_AGREE of the batch's level, the pooled value (more samples)
         local = ok["local_ratio"].astype("float64")
         slower = local.notna() & (local < ok["calib_ratio"] * (1.0 - CLOCK_AGREE))
-        if "run_ratio_low" in ok:
-            # a kernel with a run whose samples both read the batch's clock ran at it then,
-            # and its fastest repetitions are those: the slower samples of its other runs
-            # may be chains a neighbour slowed, not the clock (``_proven_fast``)
-            slower &= ~_proven_fast(ok, keys)
+        if "run_ratio_low" in ok and slower.any():
+            # unless the kernel's own repetitions contradict the slower samples
+            g = ok.groupby(keys, sort=True, dropna=False)
+            gid0, n0 = g.ngroup().to_numpy(), g.ngroups
+            inst0 = g["instances"].median().to_numpy("float64")
+            ratio0 = g["calib_ratio"].median().fillna(1.0).to_numpy("float64")
+            keep = _keeps_batch_clock(ok, slower, gid0, n0, ROBUST_STEP_TICKS * ratio0 / inst0,
+                                      CALL_OVERHEAD_MAX / inst0)
+            slower &= ~keep[gid0]
         ok["calib_ratio"] = ok["calib_ratio"].where(~slower, local)
     tsc = (ok["clock"] != "papi").to_numpy()
     c1 = np.where(tsc, ok["ticks1"] * ok["calib_ratio"], ok["cycles1"].astype("float64"))
