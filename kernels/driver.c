@@ -23,7 +23,7 @@
  *
  * --untimed: no clock at all (no PAPI, no calibration chains; "clock": "untimed", no
  * "cycles"), for the runs that only count (Valgrind, gdb): under Valgrind the two calibrations'
- * 84 million adds cost seconds per run, and a counted run's times mean nothing.
+ * 84 million adds cost about a second a run, and a counted run's times mean nothing.
  *
  * Exit codes: 0 ok, 2 bad arguments.
  */

@@ -135,7 +135,7 @@ PROCESS_PAUSE_S = 0.5
 def driver_args(n: int | None = None, reps: int = 1, cold: bool = False,
                 cpu: int | None = None, min_ticks: int = 0, untimed: bool = False) -> list[str]:
     """The driver's command-line arguments (kernels/driver.c); ``untimed`` for runs that only
-    count (no clock calibration: under Valgrind it cost seconds a run)."""
+    count (no clock calibration: under Valgrind it cost about a second a run)."""
     args: list[str] = []
     if n is not None:
         args += ["--n", str(int(n))]

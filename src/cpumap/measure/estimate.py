@@ -338,10 +338,11 @@ def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, gid: np.ndarray, n: 
     fastest calls between them took 4.01 ticks (3.73 cycles at 0.93, under its latency) and
     3.70 in the runs proven at the batch's 1.087 (4.02 cycles): converted at 0.93 it read
     3.48. Where the clock really was slower the kernel takes more ticks there, or fewer when
-    a neighbour slowed its proven runs (CMP_R64_I8*3 MOV_R64_M64: 0.923 ticks at a proven
-    2.7 GHz, 1.0 cycle, against 0.95 and more in proven 3.1 GHz runs that neighbours took
-    ALU slots from): then the slower clock stands. A kernel that lowers the clock itself (a
-    heavy 512-bit form) has no proven run: its first run's closing sample is already slow."""
+    a neighbour slowed its proven runs (CMP_R64_I8*3 MOV_R64_M64: 0.923 ticks in runs whose
+    samples both read 2.7 GHz, 1.0 cycle, against 0.95 and more in runs proven at the batch's
+    3.1 GHz that neighbours took ALU slots from): then the slower clock stands. A kernel that
+    lowers the clock itself (a heavy 512-bit form) has no proven run: its first run's
+    closing sample is already slow."""
     ratio = ok["calib_ratio"].to_numpy("float64")
     low = ok["run_ratio_low"].astype("float64").to_numpy()
     proven = low >= ratio * (1.0 - CLOCK_AGREE)
