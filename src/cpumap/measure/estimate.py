@@ -324,9 +324,25 @@ def calibration_core(df: pd.DataFrame) -> pd.DataFrame:
     return have[keep]
 
 
-def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, gid: np.ndarray, n: int,
-                       step: np.ndarray, omax: np.ndarray) -> np.ndarray:
-    """Groups (kernels) whose rows all keep the batch's ratio although some ran where the
+def _per_instance_cycles(ok: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Core cycles per instance of each row's f1 and f2 call: counted (PAPI) or its ticks at
+    its ``calib_ratio``; NaN where a call was not timed."""
+    tsc = (ok["clock"] != "papi").to_numpy()
+    c1 = np.where(tsc, ok["ticks1"] * ok["calib_ratio"], ok["cycles1"].astype("float64"))
+    c2 = np.where(tsc, ok["ticks2"] * ok["calib_ratio"], ok["cycles2"].astype("float64"))
+    timed = (c1 > 0) & (c2 > 0)
+    inst = ok["instances"].to_numpy("float64")
+    return np.where(timed, c1 / inst, np.nan), np.where(timed, c2 / inst, np.nan)
+
+
+def _bounds(ratio: np.ndarray, inst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's timer step and largest call overhead, in cycles per instance (the
+    estimator's ``step`` and ``omax``), from its median ratio and instances."""
+    return ROBUST_STEP_TICKS * ratio / inst, CALL_OVERHEAD_MAX / inst
+
+
+def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, keys: list[str]) -> np.ndarray:
+    """Rows of kernels (``keys``) that all keep the batch's ratio although some ran where the
     samples read a slower clock (``slower``): those with a run whose two samples both read the
     batch's ratio (``run_ratio_low``; chains are only ever slowed, so a fast sample proves
     the clock) and whose repetitions there, in TSC ticks, are not slower (beyond
@@ -343,24 +359,24 @@ def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, gid: np.ndarray, n: 
     3.1 GHz that neighbours took ALU slots from): then the slower clock stands. A kernel that
     lowers the clock itself (a heavy 512-bit form) has no proven run: its first run's
     closing sample is already slow."""
-    ratio = ok["calib_ratio"].to_numpy("float64")
-    low = ok["run_ratio_low"].astype("float64").to_numpy()
-    proven = low >= ratio * (1.0 - CLOCK_AGREE)
-    tsc = (ok["clock"] != "papi").to_numpy()
-    inst = ok["instances"].to_numpy("float64")
-    c1 = ok["ticks1"].to_numpy("float64") * ratio / inst
-    c2 = ok["ticks2"].to_numpy("float64") * ratio / inst
-    timed = tsc & (c1 > 0) & (c2 > 0)
+    groups = ok.groupby(keys, sort=True, dropna=False)
+    gid, n = groups.ngroup().to_numpy(), groups.ngroups
+    step, omax = _bounds(groups["calib_ratio"].median().fillna(1.0).to_numpy("float64"),
+                         groups["instances"].median().to_numpy("float64"))
+    # all at the batch's ratio: more cycles means more ticks
+    c1, c2 = _per_instance_cycles(ok)
+    proven = (ok["run_ratio_low"].astype("float64") >= ok["calib_ratio"] * (1.0 - CLOCK_AGREE)
+              ).to_numpy()
 
     def est(mask: np.ndarray) -> np.ndarray:
-        m = timed & mask
-        return _estimates(np.where(m, c1, np.nan), np.where(m, c2, np.nan), gid, n, step,
+        return _estimates(np.where(mask, c1, np.nan), np.where(mask, c2, np.nan), gid, n, step,
                           omax)[0]
 
     at_proven, at_slower = est(proven), est(slower.to_numpy())
     with np.errstate(invalid="ignore"):
         # fewer ticks beyond the estimate's own width: the proven runs were slowed
-        return np.isfinite(at_proven) & ~(at_slower < at_proven * (1.0 - ROBUST_WIDTH))
+        keep = np.isfinite(at_proven) & ~(at_slower < at_proven * (1.0 - ROBUST_WIDTH))
+    return keep[gid]
 
 
 def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
@@ -400,21 +416,9 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
         slower = local.notna() & (local < ok["calib_ratio"] * (1.0 - CLOCK_AGREE))
         if "run_ratio_low" in ok and slower.any():
             # unless the kernel's own repetitions contradict the slower samples
-            g = ok.groupby(keys, sort=True, dropna=False)
-            gid0, n0 = g.ngroup().to_numpy(), g.ngroups
-            inst0 = g["instances"].median().to_numpy("float64")
-            ratio0 = g["calib_ratio"].median().fillna(1.0).to_numpy("float64")
-            keep = _keeps_batch_clock(ok, slower, gid0, n0, ROBUST_STEP_TICKS * ratio0 / inst0,
-                                      CALL_OVERHEAD_MAX / inst0)
-            slower &= ~keep[gid0]
+            slower &= ~_keeps_batch_clock(ok, slower, keys)
         ok["calib_ratio"] = ok["calib_ratio"].where(~slower, local)
-    tsc = (ok["clock"] != "papi").to_numpy()
-    c1 = np.where(tsc, ok["ticks1"] * ok["calib_ratio"], ok["cycles1"].astype("float64"))
-    c2 = np.where(tsc, ok["ticks2"] * ok["calib_ratio"], ok["cycles2"].astype("float64"))
-    timed = (c1 > 0) & (c2 > 0)
-    inst = ok["instances"].to_numpy("float64")
-    c1 = np.where(timed, c1 / inst, np.nan)
-    c2 = np.where(timed, c2 / inst, np.nan)
+    c1, c2 = _per_instance_cycles(ok)
     groups = ok.groupby(keys, sort=True, dropna=False)
     gid = groups.ngroup().to_numpy()
     order = groups.cumcount().to_numpy()
@@ -425,9 +429,8 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     out["clock"] = groups["clock"].agg(
         lambda v: ",".join(sorted({str(x) for x in v.dropna()}))).to_numpy()
     n = len(out)
-    ratio = out["calib_ratio"].fillna(1.0).to_numpy("float64")
-    step = ROBUST_STEP_TICKS * ratio / out["_inst"].to_numpy("float64")
-    omax = CALL_OVERHEAD_MAX / out["_inst"].to_numpy("float64")
+    step, omax = _bounds(out["calib_ratio"].fillna(1.0).to_numpy("float64"),
+                         out["_inst"].to_numpy("float64"))
     est, disagree, r1, r2 = _estimates(c1, c2, gid, n, step, omax)
     rounds = ok["round"].to_numpy("float64") if "round" in ok else np.full(len(ok), np.nan)
     unc = _uncertainty(est, c1, c2, gid, rounds, order, step, omax)
