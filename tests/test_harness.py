@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpumap.measure import estimate, harness
+from cpumap.measure import clocklevels, estimate, harness
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness"
 ADDS_PER_INSTANCE_DIFF = 100 * 20000  # addchain.s: U = 100 adds per iteration, 20000 iterations
@@ -292,10 +292,10 @@ def test_each_run_of_repetitions_takes_the_faster_clock_around_it():
                         {"index": k, "rep": 1, "cal_adds": 50_000})]
     end = _sample(slow)  # the last kernel's closing sample: slow, the process's closing fast
     rows[-1] |= {"end1": end["cal1"], "end2": end["cal2"]}
-    samples = harness.clock_samples(rows)
+    samples = clocklevels.clock_samples(rows)
     # the levels come from the whole batch: here three rounds of the same samples
-    levels = harness.clock_levels(np.tile(np.concatenate(samples), 3))
-    harness.assign_local_ratios(rows, samples, fast, levels)
+    levels = clocklevels.clock_levels(np.tile(np.concatenate(samples), 3))
+    clocklevels.assign_local_ratios(rows, samples, fast, levels)
     got = [r["local_ratio"] for r in rows][::2]
     assert got[:6] == pytest.approx([slow, slow, fast, fast, fast, np.nan], rel=1e-4,
                                     nan_ok=True)  # kernel 2: the clock rose after it
@@ -318,13 +318,13 @@ def test_a_licence_clock_a_neighbour_blurred_reads_the_top_of_its_samples():
     group = [0.957, 0.958, 0.959, 0.960]  # 0.1 % apart: no crisp level, one blurred group
     slowed = [0.93, 0.935, 0.94, 0.97]  # 0.97: read while the clock rose
     alone = [1.19, 1.10]
-    got = harness.clock_levels(fast + group + slowed + alone)
+    got = clocklevels.clock_levels(fast + group + slowed + alone)
     assert got(np.array(group + slowed)) == pytest.approx([0.9585] * 8)
     assert np.isnan(got(np.array(alone))).all()
     assert got(np.array([1.235]))[0] == pytest.approx(1.24 * (1 + 19e-5))
     # 0.90 reaches up to 0.936 only: the group is out of its reach
-    assert np.isnan(harness.clock_levels(fast + group + [0.90])(np.array([0.90]))).all()
-    assert np.isnan(harness.clock_levels(group + slowed)(np.array(group))).all()
+    assert np.isnan(clocklevels.clock_levels(fast + group + [0.90])(np.array([0.90]))).all()
+    assert np.isnan(clocklevels.clock_levels(group + slowed)(np.array(group))).all()
 
 
 def test_a_vector_form_after_a_heavy_one_runs_at_its_own_clock(catalogue_df, host, tmp_path):

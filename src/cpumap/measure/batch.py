@@ -22,7 +22,7 @@ import pandas as pd
 
 from cpumap.isa.catalogue import host_flags
 from cpumap.isa.x86 import FormSpec
-from cpumap.measure import asmgen, blockgen, estimate, harness, quiet
+from cpumap.measure import asmgen, blockgen, clocklevels, estimate, harness, quiet
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
@@ -354,16 +354,16 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
     rows: list[dict] = []
     reps_done: dict[int, int] = {}
     # the clock each repetition ran at, from the samples around it; the clock levels from
-    # all rounds' samples (harness.assign_local_ratios)
+    # all rounds' samples (clocklevels.assign_local_ratios)
     for res in results:
         if res.samples is None:
-            res.samples = harness.clock_samples(res.rows)
+            res.samples = clocklevels.clock_samples(res.rows)
     samples = [res.samples for res in results]
-    level = harness.clock_levels(np.concatenate([np.concatenate(s) for s in samples])
+    level = clocklevels.clock_levels(np.concatenate([np.concatenate(s) for s in samples])
                                  if samples else [])
     for res, own in zip(results, samples, strict=True):
         if res.clock != "papi":
-            harness.assign_local_ratios(res.rows, own, res.calib_after, level)
+            clocklevels.assign_local_ratios(res.rows, own, res.calib_after, level)
     for rnd, res in enumerate(results):
         kept = [r | {"round": rnd} for r in res.rows if int(r["index"]) not in failed]
         for r in kept:
