@@ -318,13 +318,12 @@ static double estimate(const uint64_t *t1, const uint64_t *t2, long n, uint64_t 
 }
 
 /* One calibration sample: the ticks of an n and a 2n add chain (*a, *b).  A neighbour that
- * slows a chain makes the sample read a slower clock (on the Cascade Lake guest, 2026-11-28,
- * 21-41 % of the samples of a batch fell outside any clock level with one pair, 6 % with
- * this): a sample that does not
- * agree with the one before (within CALIB_AGREE ticks of their 2n - n) takes up to
- * CALIB_TRIES pairs and keeps the fastest of each chain, so it finds a quiet moment; one that
- * agrees costs one pair.  The first sample after the clock changed (an AVX licence) takes the
- * extra pairs too, which is where they are wanted. */
+ * slows a chain makes the sample read a slower clock: a sample that does not agree with the
+ * one before (within CALIB_AGREE ticks of their 2n - n) takes up to CALIB_TRIES pairs and
+ * keeps the fastest of each chain, so that it finds a quiet moment; one that agrees costs one
+ * pair.  The first sample after the clock changed (an AVX licence) takes the extra pairs too.
+ * On the Cascade Lake guest (2026-11-28) 21-41 % of a batch's samples fell outside any clock
+ * level (cpumap.measure.clocklevels) with one pair, 6 % with this. */
 #define CALIB_TRIES 3
 #define CALIB_AGREE 32
 static long long last_calib_diff = -1;
@@ -419,7 +418,7 @@ static int run_kernel(const struct cpumap_kernel *k, void *arena, const struct p
     set_timer(0);
     timed_pages = n_mapped - warm_pages;
     /* a closing sample: the clock the last repetitions ran at (an Intel core's clock follows
-     * the code it runs; cpumap.measure.harness.assign_local_ratios) */
+     * the code it runs; cpumap.measure.clocklevels.assign_local_ratios) */
     calib_sample(pl->calib_iters, end1, end2);
     return 0;
 }
