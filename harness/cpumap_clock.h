@@ -60,16 +60,21 @@ static double now_ns(void)
  * iterations minus the fastest of n (n/2n: the timer overhead cancels; at least 1).  (Taking
  * the minimum of per-pair differences instead is biased: one slow n run shrinks its
  * difference.)  Integers only, so that callers may keep floating point out of the way. */
+static inline void calib_pair(uint64_t iters, uint64_t *best1, uint64_t *best2)
+{
+    /* one more n and 2n chain, each kept where it is the fastest so far */
+    uint64_t t1 = calib_once(iters), t2 = calib_once(2 * iters);
+    if (t1 < *best1)
+        *best1 = t1;
+    if (t2 < *best2)
+        *best2 = t2;
+}
+
 static inline uint64_t calib_ticks(uint64_t iters, int runs)
 {
     uint64_t best1 = UINT64_MAX, best2 = UINT64_MAX;
-    for (int r = 0; r < runs; r++) {
-        uint64_t t1 = calib_once(iters), t2 = calib_once(2 * iters);
-        if (t1 < best1)
-            best1 = t1;
-        if (t2 < best2)
-            best2 = t2;
-    }
+    for (int r = 0; r < runs; r++)
+        calib_pair(iters, &best1, &best2);
     return best2 > best1 ? best2 - best1 : 1;
 }
 

@@ -332,14 +332,13 @@ static void calib_sample(uint64_t iters, long long *a, long long *b)
     /* a short chain first: the kernel's body has pushed the calibration loop out of the op
      * cache and the predictors, and the first chain after it ran 7-17 % long */
     calib_once(2);
-    uint64_t best1 = calib_once(iters), best2 = calib_once(2 * iters);
+    uint64_t best1 = UINT64_MAX, best2 = UINT64_MAX;
+    calib_pair(iters, &best1, &best2);
     for (int k = 1; k < CALIB_TRIES; k++) {
         long long diff = (long long)best2 - (long long)best1;
         if (last_calib_diff > 0 && llabs(diff - last_calib_diff) <= CALIB_AGREE)
             break;
-        uint64_t t1 = calib_once(iters), t2 = calib_once(2 * iters);
-        best1 = t1 < best1 ? t1 : best1;
-        best2 = t2 < best2 ? t2 : best2;
+        calib_pair(iters, &best1, &best2);
     }
     last_calib_diff = (long long)best2 - (long long)best1;
     *a = (long long)best1;
