@@ -3,7 +3,7 @@
 Usage: python benchmarks/palmed_sim.py [--ports 10] [--forms 300] [--noise 0.0] [--seed 0]
                                      [--workers 1]
        python benchmarks/palmed_sim.py --matrix   # 8p/100f and 10p/300f, noise 0 and 2%
-       python benchmarks/palmed_sim.py --wide [--noise 0.02]   # the 512-bit mode
+       python benchmarks/palmed_sim.py --wide [--states 2] [--noise 0.02]  # the 512-bit mode
 
 Builds ``synthetic_mapping(n_ports, n_forms)``, runs ``palmed.build_model`` against the
 simulated machine (tol = 3.5 x noise), then predicts random held-out kernels (1-5 distinct
@@ -100,9 +100,10 @@ def run_one(ports: int, forms: int, noise: float, seed: int, tests: int,
             "kernels": stats["total_kernels"]}
 
 
-def run_wide(noise: float, seed: int, tests: int) -> None:
-    """The 512-bit mode's core, without and with the vector lengths: errors per kind."""
-    mapping, widths = wide_mode_mapping()
+def run_wide(noise: float, seed: int, tests: int, states: int = 1) -> None:
+    """The 512-bit mode's core, without and with the vector lengths: errors per kind
+    (``states=2``: Cascade Lake's two states of the mode)."""
+    mapping, widths = wide_mode_mapping(states=states)
     machine = SimulatedMachine(mapping=mapping, noise=noise, seed=seed)
     cfg = palmed.PalmedConfig(tol=max(1e-6, 3 * noise), seed=seed)
     kernels = held_out(machine.forms, tests, seed + 1000)
@@ -110,7 +111,8 @@ def run_wide(noise: float, seed: int, tests: int) -> None:
     for k in kernels:
         wide = any(widths.get(f, 0) >= 512 for f in k)
         kinds["mixed" if mixes_512(k, widths) else "512-bit only" if wide else "plain"].append(k)
-    print(f"512-bit mode core, {len(machine.forms)} forms, noise {noise:.1%}, tol {cfg.tol:g}")
+    print(f"512-bit mode core ({states} state{'s' if states > 1 else ''}), "
+          f"{len(machine.forms)} forms, noise {noise:.1%}, tol {cfg.tol:g}")
     for label, w in (("without the vector lengths", None), ("with them", widths)):
         model, stats = build_model(machine.forms, machine.measure, config=cfg, widths=w)
         parts = [f"{kind} ({len(ks)}): {evaluate(model, machine, ks)['rms']:.2%} RMS, "
@@ -135,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                     "noise")
     ap.add_argument("--wide", action="store_true",
                     help="the 512-bit mode's small core, without and with the vector lengths")
+    ap.add_argument("--states", type=int, default=1, choices=(1, 2),
+                    help="with --wide: the states of the mode (2: Cascade Lake's)")
     args = ap.parse_args(argv)
     set_lp_workers(args.workers)
     if args.wide:
-        run_wide(args.noise, args.seed, args.tests)
+        run_wide(args.noise, args.seed, args.tests, args.states)
         return 0
     if args.matrix:
         runs = [(8, 100, 0.0), (8, 100, 0.02), (10, 300, 0.0), (10, 300, 0.02)]

@@ -653,6 +653,47 @@ def test_wide_mode_gets_uses_of_its_own(tmp_path) -> None:
                for t in asked["wide"])
 
 
+def test_two_states_of_the_mode_each_get_their_uses() -> None:
+    """Cascade Lake's kind of mode (``wide_mode_mapping(states=2)``): beside a 512-bit FP
+    form the narrow FP forms keep two ports (port 5 takes them), beside the other 512-bit
+    forms they have port 0 alone, and a kernel with both kinds is in the first state. The
+    probe sees two states, orders them by the kernel holding both carriers and puts the
+    512-bit form that was no carrier (a memory one) in its state by its probe time; each
+    state gets uses of its own: kernels without a narrow form exact, the mixed ones within
+    1 % RMS (one of 800 held-out kernels 6 % fast: in the second state a resource whose
+    saturating kernel holds a first-state form keeps its plain uses). One state's uses (the
+    first) mispredict the kernels of the other."""
+    m, widths = wide_mode_mapping(states=2)
+    sim = SimulatedMachine(mapping=m)
+    enc = {f: "EVEX" if w == 512 else "VEX" for f, w in widths.items()}
+    b = Build.start(sim.forms, sim.measure, palmed.PalmedConfig(tol=1e-6), widths=widths,
+                    carriers=["VADDZ", "VFMAZ", "VPADDZ", "VSHUFZ"], encodings=enc)
+    states = b.wide_mode["states"]
+    assert [(s["carrier"], s["trigger"]) for s in states] == [
+        ("VADDZ", ["VADDZ", "VADDZM", "VFMAZ"]), ("VPADDZ", ["VPADDZ", "VSHUFZ"])]
+    assert b.wide_mode["calm"] == []
+    model, _ = b.fit(sim.measure)
+    assert model.wide["trigger"] == ["VADDZ", "VADDZM", "VFMAZ"]
+    assert [s["trigger"] for s in model.wide["next"]] == [["VPADDZ", "VSHUFZ"]]
+    kinds = _kinds(held_out(sim.forms, 800, seed=4), widths)
+    cold = [k for k in kinds["mixed"] if not {"VADDZ", "VADDZM", "VFMAZ"} & set(k)]
+    both = [k for k in kinds["mixed"] if {"VADDZ", "VADDZM", "VFMAZ"} & set(k)
+            and {"VPADDZ", "VSHUFZ"} & set(k)]
+    assert len(cold) >= 30 and len(both) >= 30
+
+    def err(mdl: resmodel.ResourceModel, kernels: list) -> np.ndarray:
+        return np.array([resmodel.predict(mdl, k)[0] / sim.exact(k) - 1 for k in kernels])
+
+    for kind in ("plain", "wide"):
+        assert np.abs(err(model, kinds[kind])).max() < 1e-5, kind
+    for kernels in (kinds["mixed"], cold, both):
+        e = err(model, kernels)
+        assert np.sqrt(np.mean(e ** 2)) < 0.01 and np.abs(e).max() < 0.07
+    first = resmodel.ResourceModel(model.resources, model.rho, wide={
+        "trigger": sorted(model.wide_trigger), "rho": model.wide["rho"]})
+    assert np.sqrt(np.mean(err(first, cold) ** 2)) > 0.05
+
+
 def test_wide_stage_measures_class_representatives_only() -> None:
     """VSUBX behaves as VADDX everywhere, VORX as VADDX outside the mode only (beside a
     512-bit form it keeps port 5 alone), VSUBZ as VADDZ: the plain classes join each pair,
@@ -687,15 +728,16 @@ def test_wide_stage_measures_class_representatives_only() -> None:
 
 
 def test_no_wide_mode_no_wide_uses() -> None:
-    """The same core without the mode: the probes (one kernel per narrow vector form beside
-    the carrier) find nothing slower, the model has no wide uses, and predicts every kernel
-    exactly, mixed ones too."""
+    """The same core without the mode: the probes (two kernels per narrow vector form beside
+    each of the four 512-bit forms) find nothing slower, the model has no wide uses, and
+    predicts every kernel exactly, mixed ones too."""
     m, widths = wide_mode_mapping(mode=False)
     sim = SimulatedMachine(mapping=m)
     model, stats = build_model(sim.forms, sim.measure, config=palmed.PalmedConfig(tol=1e-6),
                                widths=widths)
     assert not stats["wide"]["observed"] and not model.wide
-    assert stats["wide"]["probes"] == 6 and stats["kernels"]["wide"] == 6
+    assert stats["wide"]["probes"] == 6 and stats["wide"]["carriers"] == 4
+    assert stats["kernels"]["wide"] == 2 * 6 * 4
     kernels = held_out(sim.forms, 300, seed=3)
     assert max(abs(resmodel.predict(model, k)[0] / sim.exact(k) - 1) for k in kernels) < 1e-5
 
@@ -858,7 +900,7 @@ def test_wide_mode_covers_only_the_encodings_whose_probes_it_slows() -> None:
     assert b.wide_mode["encodings"] == {"LEGACY": [2, 2], "VEX/EVEX": [4, 0]}
     # three calm probes are too few to leave an encoding out of the mode
     three = {**b.wide_mode, "encodings": {"LEGACY": [2, 2], "VEX/EVEX": [3, 0]}}
-    assert palmed.wide.mode_widths(widths, three, enc) == widths
+    assert palmed.states.mode_widths(widths, three, enc) == widths
     assert b.widths == {f: w for f, w in widths.items() if f in legacy or w == 512}
     model, stats = b.fit(sim.measure)
     plain_stages = [t for s in ("pairs", "core", "saturating", "mapping", "refine")

@@ -422,15 +422,22 @@ def wide_line(record: Mapping[str, Any] | None) -> str:
     if not record:
         return "not probed"
     if not record.get("observed"):
-        return f"not seen ({record.get('reason')}; {record.get('probes', 0)} probes, " \
-               f"slowest {record.get('probe_max_slowdown', 'n/a')} x their parts in sequence)"
+        return (f"not seen ({record.get('reason')}; {record.get('probes', 0)} probes beside "
+                f"{record.get('carriers', 1)} carriers, slowest "
+                f"{record.get('probe_max_slowdown', 'n/a')} x alone)")
     by = record.get("encodings") or {}
     per = "; per encoding (slower of probes) " + ", ".join(
         f"{e or '?'} {s} of {n}" for e, (n, s) in sorted(by.items())) if by else ""
-    return (f"seen: {record['probes_slower']} of {record['probes']} narrow vector forms "
-            f"beside {record['carrier']} slower than the two in sequence (up to "
-            f"{record['probe_max_slowdown']} x{per}); the vector forms and the others' uses of "
-            f"vector resources measured again beside it: {record.get('kernels', 0)} kernels")
+    states = record.get("states") or [{"carrier": record["carrier"],
+                                       "probes_slower": record["probes_slower"]}]
+    each = "; ".join(f"beside {st['carrier']}"
+                     + (f" and {len(st['trigger']) - 1} more 512-bit forms" if "trigger" in st
+                        else "") + f": {st['probes_slower']} of {record['probes']} slower"
+                     for st in states)
+    return (f"seen, {len(states)} state{'s' if len(states) > 1 else ''} ({each}; "
+            f"{record.get('carriers', 1)} carriers probed{per}); the vector forms and the "
+            f"others' uses of vector resources measured again in each state: "
+            f"{record.get('kernels', 0)} kernels")
 
 
 def resource_table(model: resmodel.ResourceModel) -> list[str]:

@@ -14,6 +14,8 @@ kernel, as on Intel cores, where port 1 takes no vector μops while 512-bit μop
 
 A kernel holding a form of ``wide.forms`` is scheduled with ``wide.assignment`` in place of
 the forms' own μops (a simulated machine with that mode, for ``cpumap.model.palmed.wide``).
+``wide`` may also be a list of such modes, in priority order: a kernel is scheduled in the
+first whose forms it holds (``cpumap.model.palmed.states``).
 
 Ports are fully pipelined (one μop per port per cycle), so the steady-state cycles of a kernel
 (a multiset of forms, no dependencies) is the optimal fractional schedule of its μops on ports:
@@ -103,17 +105,18 @@ def validate_mapping(obj: Any, source: str = "<mapping>") -> dict[str, Any]:
             if unknown:
                 raise bad(f"assignment.{name}[{k}]", f"unknown port(s) {unknown}")
     wide = obj.get("wide")
-    if wide is not None:
-        if not isinstance(wide, dict) or not isinstance(wide.get("forms"), list) \
-                or not isinstance(wide.get("assignment"), dict):
-            raise bad("wide", "expected an object with a list 'forms' and an object "
+    for k, mode in enumerate(wide if isinstance(wide, list) else [] if wide is None else [wide]):
+        where = f"wide[{k}]" if isinstance(wide, list) else "wide"
+        if not isinstance(mode, dict) or not isinstance(mode.get("forms"), list) \
+                or not isinstance(mode.get("assignment"), dict):
+            raise bad(where, "expected an object with a list 'forms' and an object "
                       "'assignment'")
-        unknown = [f for f in [*wide["forms"], *wide["assignment"]] if f not in set(insns)]
+        unknown = [f for f in [*mode["forms"], *mode["assignment"]] if f not in set(insns)]
         if unknown:
-            raise bad("wide", f"forms not listed in arch.insns: {unknown}")
+            raise bad(where, f"forms not listed in arch.insns: {unknown}")
         validate_mapping({"kind": "Mapping3", "arch": arch,
-                          "assignment": {**assignment, **wide["assignment"]}},
-                         f"{source}: wide")
+                          "assignment": {**assignment, **mode["assignment"]}},
+                         f"{source}: {where}")
     return obj
 
 
@@ -143,12 +146,16 @@ class PortMapping:
         self._index = {f: k for k, f in enumerate(self.forms)}
         self._cache: dict[tuple[tuple[str, int], ...], float] = {}
         wide = mapping.get("wide")
-        #: forms whose presence switches the kernel to ``wide.assignment``, and that schedule
-        self.wide_forms: frozenset[str] = frozenset(wide["forms"]) if wide else frozenset()
-        self._wide = PortMapping({"kind": "Mapping3", "arch": mapping["arch"],
-                                  "assignment": {**mapping["assignment"],
-                                                 **wide["assignment"]}}, source) \
-            if wide else None
+        modes = wide if isinstance(wide, list) else [wide] if wide else []
+        #: (forms whose presence switches the kernel to the mode's assignment, the mapping
+        #: that schedules it) in priority order: the first mode whose forms the kernel holds
+        self._wide = [(frozenset(m["forms"]),
+                       PortMapping({"kind": "Mapping3", "arch": mapping["arch"],
+                                    "assignment": {**mapping["assignment"],
+                                                   **m["assignment"]}}, source))
+                      for m in modes]
+        #: the forms of every mode
+        self.wide_forms: frozenset[str] = frozenset().union(*(f for f, _ in self._wide))
         self.closed: list[int] = []
         self._u: np.ndarray | None = None
         if len(self.ports) <= MAX_SUBSET_PORTS:
@@ -174,9 +181,9 @@ class PortMapping:
 
     def cycles(self, kernel: Mapping[str, int]) -> float:
         """Exact optimal cycles per kernel instance (cached per kernel)."""
-        if self._wide is not None and any(n and f in self.wide_forms
-                                          for f, n in kernel.items()):
-            return self._wide.cycles(kernel)
+        for forms, wide in self._wide:
+            if any(n and f in forms for f, n in kernel.items()):
+                return wide.cycles(kernel)
         key = tuple(sorted((f, int(n)) for f, n in kernel.items() if n))
         hit = self._cache.get(key)
         if hit is not None:
@@ -333,11 +340,19 @@ def synthetic_mapping(n_ports: int = 8, n_forms: int = 100, seed: int = 0) -> di
             "assignment": assignment}
 
 
-def wide_mode_mapping(mode: bool = True) -> tuple[dict[str, Any], dict[str, int]]:
+def wide_mode_mapping(mode: bool = True, states: int = 1) -> tuple[dict[str, Any], dict[str, int]]:
     """(Mapping3, vector lengths) of a small core with Intel's 512-bit mode (``mode``): beside
     a 512-bit form (``*Z*``), the narrow vector forms (``*X*``) leave port 1, as Intel cores'
     do while 512-bit μops are in flight. The machine of ``cpumap.model.palmed.wide``'s tests
-    and of ``benchmarks/palmed_sim.py --wide``."""
+    and of ``benchmarks/palmed_sim.py --wide``.
+
+    ``states=2``: Cascade Lake's two states of the mode. A 512-bit FP form (``VADDZ``,
+    ``VADDZM``, ``VFMAZ``) wakes the second FMA unit on port 5, which then takes the narrow
+    FP μops (``VFMAX``, ``VMULX`` and ``VMULSX``, which adds one) too; beside the other
+    512-bit forms (``VSHUFZ``, and ``VPADDZ``, which adds one) they have port 0 alone. A
+    kernel holding both kinds is in the first state (measured: ``MULSD xmm`` runs 2 a cycle
+    beside ``VADDPD zmm``, 1 beside
+    ``VPADDQ zmm``)."""
     alu = ["p0", "p1", "p5", "p6"]
     forms = {"ADD": [alu], "IMUL": [["p1"]], "LOAD": [["p2", "p3"]],
              "ADDLOAD": [alu, ["p2", "p3"]], "SHL": [["p0", "p6"]],
@@ -345,14 +360,19 @@ def wide_mode_mapping(mode: bool = True) -> tuple[dict[str, Any], dict[str, int]
              "VLOADX": [["p2", "p3"]], "VADDXM": [["p0", "p1", "p5"], ["p2", "p3"]],
              "VMULX": [["p0", "p1"], ["p5"]], "VADDZ": [["p0", "p5"]], "VFMAZ": [["p0"]],
              "VSHUFZ": [["p5"]], "VADDZM": [["p0", "p5"], ["p2", "p3"]]}
+    if states == 2:
+        forms |= {"VPADDZ": [["p0", "p5"]], "VMULSX": [["p0", "p1"]]}
     m: dict[str, Any] = {"kind": "Mapping3",
                          "arch": {"insns": sorted(forms), "ports": [*alu, "p2", "p3"]},
                          "assignment": forms}
-    if mode:
-        m["wide"] = {"forms": ["VADDZ", "VADDZM", "VFMAZ", "VSHUFZ"],
-                     "assignment": {"VADDX": [["p0", "p5"]], "VSHUFX": [["p5"]],
-                                    "VFMAX": [["p0"]],
-                                    "VADDXM": [["p0", "p5"], ["p2", "p3"]],
-                                    "VMULX": [["p0"], ["p5"]]}}
+    cold = {"VADDX": [["p0", "p5"]], "VSHUFX": [["p5"]], "VFMAX": [["p0"]],
+            "VADDXM": [["p0", "p5"], ["p2", "p3"]], "VMULX": [["p0"], ["p5"]]}
+    if mode and states == 2:
+        m["wide"] = [{"forms": ["VADDZ", "VADDZM", "VFMAZ"],
+                      "assignment": cold | {"VFMAX": [["p0", "p5"]], "VMULSX": [["p0", "p5"]],
+                                            "VMULX": [["p0", "p5"], ["p5"]]}},
+                     {"forms": ["VPADDZ", "VSHUFZ"], "assignment": cold | {"VMULSX": [["p0"]]}}]
+    elif mode:
+        m["wide"] = {"forms": ["VADDZ", "VADDZM", "VFMAZ", "VSHUFZ"], "assignment": cold}
     widths = {f: 512 if "Z" in f else 128 for f in forms if f.startswith("V")}
     return m, widths

@@ -16,12 +16,16 @@ rebuilding a model from the same measurements gives a byte-identical file)::
                                                   # never read back: always recomputed)
       "provenance": {...},                        # free-form: machine, stages, kernels...
       "wide": {"trigger": ["VADDPD_ZMM_ZMM_ZMM", ...],   # optional: see below
-               "rho": {"VADDPD_XMM_XMM_XMM": {"R03": 0.5}, ...}}
+               "rho": {"VADDPD_XMM_XMM_XMM": {"R03": 0.5}, ...},
+               "next": [{"trigger": [...], "rho": {...}}, ...]}  # optional: more states
     }
 
 ``wide`` (hosts where it was measured, ``cpumap.model.palmed.wide``): in a kernel holding a
 form of ``wide.trigger`` (a 512-bit form), a form of ``wide.rho`` uses those resources instead
 of its own (Intel cores take no vector μops on port 1 while 512-bit μops are in flight).
+``wide.next`` lists further states of the mode, consulted in order for a kernel holding no
+trigger of the ones before (``cpumap.model.palmed.states``: on Cascade Lake a 512-bit FP form
+wakes the second FMA unit, which then takes narrow FP μops too, and an integer one does not).
 
 Resources of one form or one class alone are named by what holds them: ``chain:FORM``, a
 dependence chain's (``cpumap.model.outside``), and ``own:FORM``, a unit a class of alike forms
@@ -93,29 +97,43 @@ class ResourceModel:
     resources: list[str]
     rho: dict[str, dict[str, float]]
     provenance: dict[str, Any] = field(default_factory=dict)
-    #: {"trigger": [forms], "rho": {form: uses}} where the host has a 512-bit mode; else {}
+    #: {"trigger": [forms], "rho": {form: uses}, "next": [further states]} where the host
+    #: has a 512-bit mode; else {}
     wide: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def wide_trigger(self) -> frozenset[str]:
-        """The trigger forms as a set, built again only when ``wide`` gets a new list (975
-        forms on the full profile: ``predict`` asks for it on every kernel)."""
-        listed = self.wide.get("trigger") or ()
-        memo = self.__dict__.get("_trigger_memo")
-        if memo is None or memo[0] is not listed:
-            memo = self.__dict__["_trigger_memo"] = (listed, frozenset(listed))
+    def wide_states(self) -> list[tuple[frozenset[str], Mapping[str, dict[str, float]]]]:
+        """(trigger forms, uses) of each state of the mode in priority order, built again only
+        when ``wide`` gets new lists (975 trigger forms on the full profile: ``predict`` asks
+        for them on every kernel)."""
+        states = [self.wide, *(self.wide.get("next") or [])] if self.wide else []
+        key = tuple(id(s.get("trigger")) for s in states)
+        memo = self.__dict__.get("_states_memo")
+        if memo is None or memo[0] != key or memo[2] is not self.wide:
+            built = [(frozenset(s.get("trigger") or ()), s.get("rho") or {}) for s in states]
+            memo = self.__dict__["_states_memo"] = (key, built, self.wide)
         return memo[1]
 
     @property
+    def wide_trigger(self) -> frozenset[str]:
+        """The trigger forms of every state."""
+        return frozenset().union(*(t for t, _ in self.wide_states))
+
+    @property
     def wide_rho(self) -> Mapping[str, dict[str, float]]:
+        """The first state's uses (the only state on most hosts)."""
         return self.wide.get("rho") or {}
 
     def uses_in(self, kernel: Mapping[str, int]) -> dict[str, Mapping[str, float]]:
-        """The uses of each form of this kernel: ``rho``, or in a kernel holding a
-        ``wide.trigger`` form, ``wide.rho`` where it has the form (KeyError for a form the
-        model lacks). Only the kernel's forms: ``predict`` calls it for every kernel."""
-        trigger = self.wide_trigger
-        wide = self.wide_rho if trigger and any(f in trigger for f in kernel) else {}
+        """The uses of each form of this kernel: ``rho``, or in a kernel holding a trigger
+        form, the uses of the first state whose trigger it holds where that state has the
+        form (KeyError for a form the model lacks). Only the kernel's forms: ``predict``
+        calls it for every kernel."""
+        wide: Mapping[str, dict[str, float]] = {}
+        for trigger, uses in self.wide_states:
+            if not trigger.isdisjoint(kernel):
+                wide = uses
+                break
         return {f: wide[f] if f in wide else self.rho[f] for f in kernel}
 
     @property
@@ -142,13 +160,15 @@ class ResourceModel:
         known = set(self.resources)
         if len(known) != len(self.resources):
             raise ValueError("duplicate resource names")
-        for form, uses in [*self.rho.items(), *self.wide_rho.items()]:
+        for form, uses in [*self.rho.items(),
+                           *(x for _, table in self.wide_states for x in table.items())]:
             for r, v in uses.items():
                 if r not in known:
                     raise ValueError(f"form {form!r} uses unknown resource {r!r}")
                 if not (math.isfinite(v) and v >= 0):
                     raise ValueError(f"form {form!r}: use of {r!r} must be finite and >= 0")
-        unknown = sorted((set(self.wide_trigger) | set(self.wide_rho)) - set(self.rho))
+        unknown = sorted({f for t, table in self.wide_states for f in (*t, *table)}
+                         - set(self.rho))
         if unknown:
             raise ValueError(f"wide: forms not in rho: {unknown[:5]}")
 
@@ -156,9 +176,9 @@ class ResourceModel:
         out = {"format": FORMAT, "version": VERSION, "resources": list(self.resources),
                "rho": _rounded(self.rho), "labels": resource_labels(self),
                "provenance": self.provenance}
-        if self.wide:
-            out["wide"] = {"trigger": sorted(self.wide_trigger),
-                           "rho": _rounded(self.wide_rho)}
+        states = [{"trigger": sorted(t), "rho": _rounded(table)} for t, table in self.wide_states]
+        if states:
+            out["wide"] = states[0] | ({"next": states[1:]} if states[1:] else {})
         return out
 
     @classmethod
@@ -171,13 +191,20 @@ class ResourceModel:
             if not isinstance(obj.get(key), typ):
                 raise ValueError(f"{source}: {key}: missing or not a {typ.__name__}")
         wide = obj.get("wide") or {}
-        if not isinstance(wide, Mapping) or not isinstance(wide.get("trigger", []), list) \
-                or not isinstance(wide.get("rho", {}), Mapping):
-            raise ValueError(f"{source}: wide: expected {{'trigger': [...], 'rho': {{...}}}}")
+        states: list[Any] = []
+        if wide:
+            more = wide.get("next", []) if isinstance(wide, Mapping) else None
+            states = [wide, *more] if isinstance(more, list) else [None]
+            if not all(isinstance(s, Mapping) and isinstance(s.get("trigger", []), list)
+                       and isinstance(s.get("rho", {}), Mapping) for s in states):
+                raise ValueError(f"{source}: wide: expected {{'trigger': [...], 'rho': "
+                                 "{...}, 'next': [...]}")
+            states = [{"trigger": [str(f) for f in s.get("trigger", [])],
+                       "rho": _floats(s.get("rho", {}))} for s in states]
         model = cls(resources=[str(r) for r in obj["resources"]],
                     rho=_floats(obj["rho"]), provenance=dict(obj.get("provenance") or {}),
-                    wide={"trigger": [str(f) for f in wide["trigger"]],
-                          "rho": _floats(wide["rho"])} if wide else {})
+                    wide=states[0] | ({"next": states[1:]} if states[1:] else {})
+                    if states else {})
         try:
             model.validate()
         except ValueError as exc:
@@ -371,9 +398,9 @@ class Predictor:
         index = {r: i for i, r in enumerate(model.resources)}
         self.uses = {f: tuple((index[r], v) for r, v in u.items() if v > 0)
                      for f, u in model.rho.items()}
-        self._trigger = model.wide_trigger
-        self._wide_uses = {**self.uses, **{f: tuple((index[r], v) for r, v in u.items() if v > 0)
-                                           for f, u in model.wide_rho.items()}}
+        self._states = [(trigger, {**self.uses, **{
+            f: tuple((index[r], v) for r, v in u.items() if v > 0) for f, u in table.items()}})
+            for trigger, table in model.wide_states]
         self.labels = resource_labels(model)
         self._pairs = _interacting_pairs(model)
         self._approximate = frozenset(model.approximate)
@@ -386,7 +413,11 @@ class Predictor:
     def predict(self, kernel: Mapping[str, int]) -> tuple[float, str | None]:
         """Cycles per instance and bottleneck resource; KeyError names an unknown form."""
         load: dict[int, float] = {}
-        table = self._wide_uses if self.wide_mode(kernel) else self.uses
+        table = self.uses
+        for trigger, uses_there in self._states:
+            if not trigger.isdisjoint(kernel):
+                table = uses_there
+                break
         for form, n in kernel.items():
             try:
                 uses = table[form]
@@ -402,7 +433,7 @@ class Predictor:
     def wide_mode(self, kernel: Iterable[str]) -> bool:
         """Whether the kernel is predicted with the uses beside a 512-bit form
         (``model.wide``): it holds a trigger form."""
-        return bool(self._trigger) and not self._trigger.isdisjoint(kernel)
+        return any(not trigger.isdisjoint(kernel) for trigger, _ in self._states)
 
     def approximate(self, kernel: Iterable[str]) -> list[str]:
         """The kernel's forms the model holds only approximately (``model.approximate``)."""

@@ -64,7 +64,9 @@ Stages (and why)
    resource model allows (Intel: port 1 takes no vector μops while 512-bit μops are in
    flight). Where they do, the stages above never mix the two kinds, and this last stage
    measures the forms beside a 512-bit carrier and fits their *wide* uses, which predictions
-   take in kernels holding a 512-bit form.
+   take in kernels holding a 512-bit form. Carriers that change the narrow forms differently
+   (Cascade Lake: FP and integer 512-bit forms) make states of the mode, each fitted apart
+   (``states``).
 
 The model predicts ``max_r sum_i sigma(K, i) rho(i, r)`` (``cpumap.model.resmodel.predict``).
 
@@ -98,7 +100,7 @@ the shared types), ``kernels`` (stages 1-3, random test kernels, mixes, which me
 resource model may be fitted to), ``lp`` (the LP solve, its rows, a model's load on a kernel),
 ``core`` (stage 4), ``forms`` (stages 5-6, the per-form LPs), ``refit`` (joint refit, misfit,
 every singleton explained), ``remaining`` (stage 7, refinement), ``wide`` (stage 8),
-``build`` (the driver). This
+``states`` (the mode's probe, its states, stage 8 once per state), ``build`` (the driver). This
 package only re-exports the names used from outside.
 """
 

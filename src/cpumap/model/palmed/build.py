@@ -58,8 +58,8 @@ from cpumap.model.palmed.kernels import (
 from cpumap.model.palmed.layout import layout_from_json, layout_json, layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.remaining import fit_remaining
+from cpumap.model.palmed.states import fit_states, mode_widths, probe
 from cpumap.model.palmed.training import training_kernels
-from cpumap.model.palmed.wide import fit_wide, mode_widths, probe, split
 from cpumap.model.resmodel import OWN, ResourceModel, private
 from cpumap.model.resmodel import predict as resmodel_predict
 from cpumap.store.files import write_json_atomic
@@ -68,7 +68,7 @@ Measure = Callable[[list[str]], Sequence[float]]
 
 #: Stages in order; ``Build.done`` lists those finished.
 STAGES = ("singletons", "pairs", "basic", "core", "mapping", "remaining")
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 @dataclass
@@ -415,23 +415,20 @@ class Build:
         saturating = [(sk, m if math.isfinite(m := self.meas.get(t, math.nan))
                        else resmodel_predict(model, sk)[0])
                       for t in texts for sk in [parse_canonical(t)]]
-        while True:
-            step = fit_wide(self.forms, self.widths, self.singletons, rho, saturating,
-                            self.meas, self.wide_mode["carrier"], t_plain=t_plain,
-                            classes=model.provenance.get("behaviour_classes"),
-                            config=self.config, log=log, lp_stats=st)
-            if step.done:
-                break
-            self.run("wide", step.need, measure, log)
-        uses, own = step.result
+        fitted = fit_states(self.wide_mode, self.forms, self.widths, self.singletons, self.meas,
+                            rho, saturating, t_plain,
+                            model.provenance.get("behaviour_classes") or {}, self.config,
+                            lambda need: self.run("wide", need, measure, log), log, st)
         rep_of = {m: rep for rep, members in model.provenance.get("behaviour_classes", {}).items()
                   for m in members}
-        model.wide = {"trigger": split(self.forms, self.widths)[0],
-                      "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
-                              | ({OWN + rep_of.get(f, f): own[f]} if f in own else {})
-                              for f, u in sorted(uses.items())}}
+        states = [{"trigger": trigger,
+                   "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
+                           | ({OWN + rep_of.get(f, f): own[f]} if f in own else {})
+                           for f, u in sorted(uses.items())}} for trigger, uses, own in fitted]
+        model.wide = states[0] | ({"next": states[1:]} if states[1:] else {})
         model.resources = shared + sorted({*(r for r in model.resources if private(r)),
-                                           *(OWN + rep_of.get(f, f) for f in own)})
+                                           *(OWN + rep_of.get(f, f)
+                                             for _, _, own in fitted for f in own)})
         model.provenance["wide"]["kernels"] = self.counts.get("wide", 0)
         model.provenance["kernels"] = dict(self.counts)
         self.lp["wide"] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}

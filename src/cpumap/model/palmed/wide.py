@@ -16,22 +16,24 @@ adds a load to every kernel: on the Sapphire Rapids-class guest ``VMOVUPD zmm, m
 carrier left the mixed held-out kernels at 24 % RMS, ``VPADDQ zmm`` brought them to 12 %),
 added once to kernels that hold no 512-bit form of their own.
 
-1. **Probe** (``probe``, right after the singletons): each narrow vector form among the pair
-   candidates beside the carrier, the form ``CARRIER_SHARE`` times the carrier's time
-   (``mode_singleton``). A resource model says that kernel takes at most the two parts in
-   sequence; slower by more than ``MODE_TOLS`` tol is the mode. None: nothing more is done.
-   One kernel per probe. Zen 4 has a mode of its own: legacy-SSE forms run at half speed
-   while 512-bit μops execute (``MULSD xmm`` 2 a cycle alone, 1 beside ``VPADDQ zmm``; the
-   VEX ``VMULSD`` keeps 2), seen only with a carrier that executes (``transition.carriers``
-   leaves out register moves, which renaming removes). The probes are counted per encoding
-   (legacy, VEX/EVEX) and the mode covers only the narrow forms of an encoding with a
-   slower probe or too few probes (``mode_widths``: on Zen 4 the legacy ones, on Intel all).
+1. **Probe** (``states.probe``, right after the singletons): each narrow vector form among
+   the pair candidates beside each candidate carrier, by two dense kernels
+   (``mode_kernels``: the form's time in the mode is their difference per copy); slower than
+   alone by more than ``MODE_TOLS`` tol is the mode. None: nothing more is done. Carriers
+   whose probes differ are *states* of the mode, each fitted apart (``states``: Cascade
+   Lake's FP and integer 512-bit forms). Zen 4 has a mode of its own: legacy-SSE forms run
+   at half speed while 512-bit μops execute (``MULSD xmm`` 2 a cycle alone, 1 beside
+   ``VPADDQ zmm``; the VEX ``VMULSD`` keeps 2), seen only with a carrier that executes
+   (``transition.carriers`` leaves out register moves, which renaming removes). The probes
+   are counted per encoding (legacy, VEX/EVEX) and the mode covers only the narrow forms of
+   an encoding with a slower probe or too few probes (``states.mode_widths``: on Zen 4 the
+   legacy ones, on Intel all).
 2. Where the mode is seen, **the plain stages never mix** 512-bit forms and the narrower
    vector forms it covers in a kernel (``transition.mixes_512``; ``Build`` keeps them apart
    as it does the SSE/AVX families): the plain model is then the host outside the mode.
-3. **Wide stage** (``fit_wide``, after the refinement): the mode singleton of every narrow
-   vector form; every vector form against every saturating kernel with the carrier added
-   (``SK^s + Z``), and every other form against those that a vector form saturates (a
+3. **Wide stage** (``fit_wide``, after the refinement, once per state): the mode kernels
+   of every narrow vector form; every vector form against every saturating kernel with the
+   carrier added (``SK^s + Z``), and every other form against those that a vector form saturates (a
    general-purpose form meets vector μops that left port 1), screened by proportion as the
    mapping kernels are (``select_mapping_kernels``) and by the plain stages' own mixes
    (``_as_plain``: a pair whose balanced mix rose as in the plain model keeps its plain use,
@@ -45,9 +47,8 @@ added once to kernels that hold no 512-bit form of their own.
    stage has no refinement of its own to repair that. Simulated core at 2 % noise, mixed
    kernels, seeds 0-2: 5.60, 5.96, 5.73 % RMS without it, 4.31, 3.95, 3.74 % with it.
 
-Exact on the simulated core of ``portmap.wide_mode_mapping`` up to the carrier's share
-(mixed kernels 0.06 % RMS relative IPC error, 1.3 % at most: the mode singletons hold one
-carrier; 24 % without the stage); at 2 % noise 5.7 % RMS on mixed kernels, 19 % without the
+Exact on the simulated core of ``portmap.wide_mode_mapping`` (24 % RMS on the mixed kernels
+without the stage); at 2 % noise 5.7 % RMS on mixed kernels, 19 % without the
 stage (``benchmarks/palmed_sim.py --wide``). Approximate where the mode's port groups have
 no resource of their own among the plain model's.
 """
@@ -55,8 +56,7 @@ no resource of their own among the plain model's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence, Set
 
 from cpumap.isa.transition import WIDE_BITS, mixes_512
 from cpumap.measure.asmgen import parse_canonical
@@ -67,11 +67,11 @@ from cpumap.model.palmed.kernels import _add, _ok, _text, interacting_pairs, mix
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.refit import _owned, _polish
 
-#: A mode singleton gives the narrow form this many times the carrier's time: the carrier's
-#: share of the kernel stays about 1/65.
-CARRIER_SHARE = 64.0
-#: The host has the mode when a probe beside the carrier is slower than the two in sequence
-#: by more than this many tol.
+#: A mode kernel holds the narrow form for about this many times the carrier's time, and a
+#: second one twice as many copies (``mode_kernels``): dense enough that the mode stays on.
+MODE_SHARE = 2.0
+#: The host has the mode when a probe's time in the mode is slower than alone by more than
+#: this many tol.
 MODE_TOLS = 4.0
 #: Noisy measurements: the wide uses end with a joint refit (``_refit_mode``).
 WIDE_REFIT = True
@@ -97,96 +97,34 @@ def carrier(wide: Sequence[str], singletons: Mapping[str, float],
     return min(f for f in pool if singletons[f] <= fastest * 1.005)
 
 
-def mode_singleton(form: str, z: str, singletons: Mapping[str, float],
-                   cfg: PalmedConfig) -> tuple[Kernel, Kernel]:
-    """(Z^s, Z^s + form^n): the form beside the carrier, n t(form) ~ ``CARRIER_SHARE`` s t(Z)."""
-    return mix({z: 1}, singletons[z], form, singletons[form], CARRIER_SHARE, cfg.max_kernel)
+def mode_kernels(form: str, z: str | Mapping[str, int], singletons: Mapping[str, float],
+                 cfg: PalmedConfig) -> tuple[Kernel, Kernel]:
+    """(Z^s + form^n, Z^s + form^2n), n t(form) ~ ``MODE_SHARE`` s t(Z): the form's time in
+    the mode is the second's time less the first's, per added copy (``time_in_mode``).
+
+    Why two dense kernels: on Cascade Lake the mode fades where 512-bit μops are sparse, as
+    fast as ``VPMULLD ymm`` runs: 2.0 cycles a copy beside one ``VPADDQ zmm`` per 1-4 copies,
+    1.18 per 8, 1.04 per 32 (1.05 alone). One kernel with the carrier at 1/65 of its time,
+    as the stage had, saw no mode for it; a single dense kernel would count the carrier's
+    own time in the form's, as its share (when the two share no resource) or as a sequence
+    (when they do), and the difference of two counts is the form's, either way. ``z``: the
+    carrier, or a kernel of carriers (``states``: two states' together)."""
+    zk = {z: 1} if isinstance(z, str) else dict(z)
+    t_z = sum(n * singletons[f] for f, n in zk.items())
+    _, k = mix(zk, t_z, form, singletons[form], MODE_SHARE, cfg.max_kernel)
+    return k, _add(k, form, k[form])
 
 
-def _with_carrier(sk: Mapping[str, int], wide: set[str], z: str) -> Kernel:
-    return dict(sk) if any(f in wide for f in sk) else _add(sk, z, 1)
+def time_in_mode(form: str, pair: tuple[Kernel, Kernel], meas: Measurements) -> float | None:
+    """The form's cycles a copy in the mode from its ``mode_kernels`` (None: not measured)."""
+    k1, k2 = pair
+    if not (_ok(meas, _text(k1)) and _ok(meas, _text(k2))):
+        return None
+    return (meas[_text(k2)] - meas[_text(k1)]) / (k2[form] - k1[form])
 
 
-def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
-          meas: Measurements, probes: Sequence[str] | None = None,
-          config: PalmedConfig | None = None, carriers: Sequence[str] | None = None,
-          encodings: Mapping[str, str] | None = None,
-          ) -> tuple[list[str], dict[str, Any] | None]:
-    """(kernels to measure, None) until the probes are measured, then ([], record): whether
-    the host has the mode (``record["observed"]``), its carrier, the probes' slowdowns.
-
-    Run right after the singletons: where the mode exists, no later stage may mix 512-bit and
-    narrower vector forms (their uses differ by kernel), and the wide stage fits those
-    kernels at the end.
-    """
-    cfg = config or PalmedConfig()
-    wide, narrow = split(forms, widths)
-    record: dict[str, Any] = {"observed": False, "wide_forms": len(wide),
-                              "narrow_forms": len(narrow)}
-    if not wide or not narrow:
-        record["reason"] = "no 512-bit form" if not wide else "no narrower vector form"
-        return [], record
-    z = carrier(wide, singletons, carriers)
-    record["carrier"] = z
-    chosen = sorted(set(narrow) & set(probes)) if probes is not None else narrow
-    mode = {f: mode_singleton(f, z, singletons, cfg) for f in chosen}
-    need = sorted({_text(k) for pair in mode.values() for k in pair} - set(meas))
-    if need:
-        return need, None
-    slow = {}
-    for f, (base, k) in mode.items():
-        if _ok(meas, _text(k)):
-            slow[f] = meas[_text(k)] / (k[f] * singletons[f] + base[z] * singletons[z])
-    record["probes"] = len(slow)
-    record["probe_max_slowdown"] = round(max(slow.values(), default=math.nan), 4)
-    slower = {f for f, v in slow.items() if v > 1 + MODE_TOLS * cfg.tol}
-    record["probes_slower"] = len(slower)
-    record["observed"] = bool(slower)
-    if encodings is not None:
-        # per encoding: [probes, probes slower] (Zen 4: only the legacy-SSE ones slow)
-        by: dict[str, list[int]] = {}
-        for f in sorted(slow):
-            n = by.setdefault(_encoding_group(encodings.get(f)), [0, 0])
-            n[0] += 1
-            n[1] += f in slower
-        record["encodings"] = by
-    if not record["observed"]:
-        record["reason"] = "no probe slower beside the carrier than in sequence"
-    return [], record
-
-
-#: An encoding is left out of the mode only if at least this many of its probes, none
-#: slower, say so.
-MODE_CALM_MIN = 4
-
-
-def _encoding_group(encoding: str | None) -> str:
-    """VEX and EVEX count as one: Intel's port-1 rule holds for any vector μop, and few EVEX
-    forms are among the probes (on the Sapphire Rapids-class guest 2 of 22 probes showed
-    the mode), so a calm EVEX handful must not take EVEX forms out of it."""
-    return "VEX/EVEX" if encoding in ("VEX", "EVEX") else str(encoding or "")
-
-
-def mode_widths(widths: Mapping[str, int], record: Mapping[str, Any],
-                encodings: Mapping[str, str] | None) -> dict[str, int]:
-    """``widths`` without the narrow forms the mode leaves alone: those of an encoding whose
-    probes (``MODE_CALM_MIN`` at least) were all as fast beside the carrier as in sequence.
-    The later stages take a narrow form in ``widths`` for one the mode changes
-    (``transition.mixes_512``, ``split``).
-
-    Why: on Zen 4 only the legacy-SSE probes slow down beside a 512-bit form (17 of 21; every
-    VEX and EVEX probe within 1.13 x); keeping all 3,615 narrow forms out of the plain stages'
-    kernels with 512-bit forms left the plain model blind to how VEX/EVEX forms share the
-    units its 512-bit basic forms define (``VPADDD ymm`` got its use of the four FP pipes on
-    the FP multipliers, and kernels with it beside AES or FMA forms came out 30-50 % slow).
-    An encoding no probe had stays in (the mode's, as before).
-    """
-    by = record.get("encodings")
-    if not record.get("observed") or encodings is None or by is None:
-        return dict(widths)
-    calm = {e for e, (n, slower) in by.items() if slower == 0 and n >= MODE_CALM_MIN}
-    return {f: w for f, w in widths.items()
-            if w >= WIDE_BITS or _encoding_group(encodings.get(f)) not in calm}
+def _with_carrier(sk: Mapping[str, int], own: set[str], z: str) -> Kernel:
+    return dict(sk) if any(f in own for f in sk) else _add(sk, z, 1)
 
 
 def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[str, float],
@@ -195,13 +133,15 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
              z: str, *, t_plain: Sequence[float] | None = None,
              classes: Mapping[str, Sequence[str]] | None = None,
              config: PalmedConfig | None = None, log: Log = _nolog,
-             lp_stats: _LPStats | None = None) -> Step:
-    """Stage 8: the wide uses of the vector forms, on a host where ``probe`` saw the mode.
+             lp_stats: _LPStats | None = None, own: Set[str] | None = None,
+             above: Set[str] = frozenset()) -> Step:
+    """Stage 8: the wide uses of the vector forms in one state of the mode, on a host where
+    ``states.probe`` saw it.
 
     ``rho`` is the plain model (form -> resource index -> use), ``saturating`` its saturating
     kernels with their times, in resource order, ``z`` the carrier. The wide uses come from
     Palmed's per-form LPs (``forms._fit_forms``) over the kernels measured in the mode only
-    (mode singletons, ``SK^s + Z`` and its mixes): the vector forms' against every resource,
+    (mode kernels, ``SK^s + Z`` and its mixes): the vector forms' against every resource,
     the other forms' against those a vector form saturates; every form keeps its plain use
     of a resource it met in no such mix. ``classes`` (representative -> members: the plain
     model's behaviour classes) spare the mixes and LPs of members: only representatives
@@ -217,30 +157,42 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
 
     The result, under noise, also holds form -> the use of a resource of its own, as the
     plain stage's (``refit._owned``): ``(uses, own)``; without noise ``own`` is empty.
+
+    The state (``states``): ``own``, its trigger forms (None: every 512-bit form), and
+    ``above``, those of the states before it, which take a kernel holding both: the stage
+    fits no form of ``above``, reads no kernel holding one (it is another state's), and
+    meets no saturating kernel holding one (its forms keep their plain uses of that
+    resource).
     """
     cfg = config or PalmedConfig()
+    forms = [f for f in forms if f not in above]
     wide, narrow = split(forms, widths)
-    mode = {f: mode_singleton(f, z, singletons, cfg) for f in narrow}
+    if above:
+        meas = {t: m for t, m in meas.items()
+                if not any(x.partition("*")[0] in above for x in t.split())}
+    mode = {f: mode_kernels(f, z, singletons, cfg) for f in narrow}
     need = sorted({_text(k) for pair in mode.values() for k in pair} - set(meas))
     if need:
         return Step(need=need)
-    # each form's time in the mode: a narrow one's beside the carrier, per copy (the
-    # carrier's share is 1/(CARRIER_SHARE + 1) at most), a 512-bit one's alone
+    # each form's time in the mode: a narrow one's beside the carrier, a 512-bit one's alone;
+    # never under its time alone (noise in the difference of two kernels)
     t_mode = {f: singletons[f] for f in wide}
-    for f, (_, k) in mode.items():
-        if _ok(meas, _text(k)):
-            t_mode[f] = meas[_text(k)] / k[f]
+    for f, pair in mode.items():
+        if (t := time_in_mode(f, pair, meas)) is not None:
+            t_mode[f] = max(t, singletons[f])
     vector = sorted(t_mode)
-    rep_of = _wide_reps(classes or {}, widths, t_mode, cfg.tol)
-    wide_set = set(wide)
-    sat = [(_with_carrier(sk, wide_set, z),
-            t + (0.0 if any(f in wide_set for f in sk) else singletons[z]))
+    rep_of = _wide_reps({r: [f for f in members if f not in above]
+                         for r, members in (classes or {}).items()}, widths, t_mode, cfg.tol)
+    mine = set(wide) if own is None else set(own)
+    sat = [(_with_carrier(sk, mine, z), t + (0.0 if any(f in mine for f in sk)
+                                             else singletons[z]))
            for sk, t in saturating]
+    usable = [r for r, (sk, _) in enumerate(saturating) if not any(f in above for f in sk)]
     # the other forms only meet the resources a vector form saturates: what the mode can
     # change for them (general-purpose forms beside vector μops that left port 1); their uses
     # of the others stay the plain ones
-    vres = [r for r, (sk, _) in enumerate(saturating) if any(widths.get(f, 0) for f in sk)]
-    # (a narrow form whose mode singleton failed, e.g. legacy SSE kept apart from the
+    vres = [r for r in usable if any(widths.get(f, 0) for f in saturating[r][0])]
+    # (a narrow form whose mode kernels failed, e.g. legacy SSE kept apart from the
     # carrier's AVX family, keeps its plain uses everywhere)
     other = sorted(f for f in forms if not widths.get(f, 0))
     reps = [f for f in vector if rep_of.get(f, f) == f]
@@ -259,7 +211,8 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
                                   widths, meas, cfg)
         return same[key]
 
-    need = sorted(set(select_mapping_kernels(sat, reps, t_mode, meas, cfg, settled))
+    need = sorted(set(select_mapping_kernels([sat[r] for r in usable], reps, t_mode, meas, cfg,
+                                             settled))
                   | set(select_mapping_kernels([sat[r] for r in vres], other_reps,
                                                singletons, meas, cfg, settled)))
     if need:
@@ -286,7 +239,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
               for f in [*reps, *other_reps]}
     refit = cfg.tol >= NOISY_TOL and WIDE_REFIT
     if refit:
-        fitted = _refit_mode(fitted, len(sat), met, t_of, meas, rep_of, wide_set, cfg,
+        fitted = _refit_mode(fitted, len(sat), met, t_of, meas, rep_of, mine, cfg,
                              lp_stats or _LPStats(), log)
     # a member takes its representative's wide uses of the resources the representative met,
     # per unit of its time in the mode (``fit_remaining`` scales the plain uses alike)
