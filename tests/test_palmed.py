@@ -671,7 +671,6 @@ def test_two_states_of_the_mode_each_get_their_uses() -> None:
     states = b.wide_mode["states"]
     assert [(s["carrier"], s["trigger"]) for s in states] == [
         ("VADDZ", ["VADDZ", "VADDZM", "VFMAZ"]), ("VPADDZ", ["VPADDZ", "VSHUFZ"])]
-    assert b.wide_mode["calm"] == []
     model, _ = b.fit(sim.measure)
     assert model.wide["trigger"] == ["VADDZ", "VADDZM", "VFMAZ"]
     assert [s["trigger"] for s in model.wide["next"]] == [["VPADDZ", "VSHUFZ"]]

@@ -14,9 +14,11 @@ mispredicted the other kind: held-out kernels mixing narrow forms with 512-bit i
 memory forms 19.4 % RMS, with 512-bit FP forms 8.8 %. So the carriers whose probes agree
 (within ``MODE_TOLS`` tol, all but fewer than ``STATE_MIN_PROBES``) form a *state*, each
 state gets the wide stage's uses of its own (``fit_states``), and a kernel holding forms of
-two states takes the state that the two carriers together show (``_order``). The 512-bit
-forms that were no carrier join the state whose probe time they match on the probe that
-tells the states apart best (two kernels each).
+two states takes the state that the two carriers together show (``_order``). Once some
+probe is slower, every group of carriers is a state, one whose probes all run as alone
+too: beside a 512-bit FP form the narrow FP forms keep two ports, but share them with it.
+The 512-bit forms that were no carrier join the state whose probe time they match on the
+probe that tells the states apart best (two kernels each).
 
 The probes are also counted per encoding (legacy, VEX/EVEX), and the mode covers only the
 narrow forms of an encoding with a slower probe in some state or too few probes
@@ -110,9 +112,14 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
                                            in itertools.combinations(reps, 2)),
                                           default=0.0), f), default=None)
     others = [w for w in wide if w not in cands] if len(clusters) > 1 and tell else []
+    # every cluster is a state once the mode is seen, one with no probe slower too: beside
+    # Cascade Lake's 512-bit FP forms no narrow form runs slower alone (port 5 takes the FP
+    # μops port 1 gave up), but they and the narrow FP forms share two ports, not three
+    # (``ADDSD*3 VADDPD_YMM_YMM_M256*2 VFMADD231PS_ZMM_ZMM_ZMM*4``: 4.50 cycles, 2.47 at the
+    # plain uses, 2026-11-28)
     joint = {(a[0], b[0]): mode_kernels(_apart(a[0], b[0], ratio), {a[0]: 1, b[0]: 1},
                                         singletons, cfg)
-             for a, b in itertools.combinations(modal, 2)}
+             for a, b in itertools.combinations(clusters, 2)}
     assign = {w: mode_kernels(tell, w, singletons, cfg) for w in others} if tell else {}
     need = _missing([*joint.values(), *assign.values()], meas)
     if need:
@@ -123,17 +130,15 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     for w, pair in assign.items():
         t = time_in_mode(tell, pair, meas) if tell else None
         # unmeasured: the first state's, as a single mode would take it
-        member[w] = member[modal[0][0]] if t is None else min(
+        member[w] = member[clusters[0][0]] if t is None else min(
             range(len(clusters)), key=lambda k: abs(t / singletons[tell]
                                                     - ratio[clusters[k][0]][tell]))
-    order = _order(modal, ratio, joint, meas, singletons)
+    order = _order(clusters, ratio, joint, meas, singletons)
     index = {c: k for k, cl in enumerate(clusters) for c in cl[:1]}
     record["states"] = [{"carrier": cl[0],
                          "trigger": sorted(w for w in wide if member.get(w) == index[cl[0]]),
                          "probes_slower": sum(v > slow_at for v in ratio[cl[0]].values())}
                         for cl in order]
-    record["calm"] = sorted(w for w in wide if member.get(w) is not None
-                            and clusters[member[w]] not in modal)
     record["carrier"] = order[0][0]
     return [], record
 
@@ -168,14 +173,14 @@ def _apart(a: str, b: str, ratio: Mapping[str, Mapping[str, float]]) -> str:
     return max(common, key=lambda f: (abs(ratio[a][f] - ratio[b][f]), f))
 
 
-def _order(modal: Sequence[list[str]], ratio: Mapping[str, Mapping[str, float]],
+def _order(states: Sequence[list[str]], ratio: Mapping[str, Mapping[str, float]],
            joint: Mapping[tuple[str, str], tuple[Kernel, Kernel]], meas: Measurements,
            singletons: Mapping[str, float]) -> list[list[str]]:
     """The states by how many others they win over: state a wins over b when the probe that
     tells them apart, beside both carriers, runs nearer a's time than b's (a kernel holding
     forms of both is in a's state); the first found among ties."""
-    wins = [0] * len(modal)
-    for (i, a), (j, b) in itertools.combinations(enumerate(modal), 2):
+    wins = [0] * len(states)
+    for (i, a), (j, b) in itertools.combinations(enumerate(states), 2):
         f = _apart(a[0], b[0], ratio)
         t = time_in_mode(f, joint[a[0], b[0]], meas)
         if t is None or abs(t / singletons[f] - ratio[a[0]][f]) \
@@ -183,7 +188,7 @@ def _order(modal: Sequence[list[str]], ratio: Mapping[str, Mapping[str, float]],
             wins[i] += 1
         else:
             wins[j] += 1
-    return [modal[k] for k in sorted(range(len(modal)), key=lambda k: (-wins[k], k))]
+    return [states[k] for k in sorted(range(len(states)), key=lambda k: (-wins[k], k))]
 
 
 def _encoding_group(encoding: str | None) -> str:
