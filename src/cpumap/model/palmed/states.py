@@ -77,7 +77,8 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
         return [], record
     z0 = carrier(wide, singletons, carriers)
     pool = sorted(set(wide) & set(carriers)) if carriers is not None else list(wide)
-    pool = [f for f in pool if probes is None or f in set(probes)] or [z0]
+    allowed = set(probes) if probes is not None else set(pool)
+    pool = [f for f in pool if f in allowed] or [z0]
     cands = sorted({z0, *pool}, key=lambda f: (f != z0, singletons[f], f))[:MAX_STATE_CARRIERS]
     chosen = sorted(set(narrow) & set(probes)) if probes is not None else narrow
     pairs = {(c, f): mode_kernels(f, c, singletons, cfg) for c in cands for f in chosen}
@@ -124,15 +125,15 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     need = _missing([*joint.values(), *assign.values()], meas)
     if need:
         return need, None
-    # one cluster: every 512-bit form is in its state, carrier or not
-    member = {c: k for k, cl in enumerate(clusters) for c in cl} | (
-        dict.fromkeys(wide, 0) if len(clusters) == 1 else {})
+    member = {c: k for k, cl in enumerate(clusters) for c in cl}
     for w, pair in assign.items():
         t = time_in_mode(tell, pair, meas) if tell else None
-        # unmeasured: the first state's, as a single mode would take it
-        member[w] = member[clusters[0][0]] if t is None else min(
-            range(len(clusters)), key=lambda k: abs(t / singletons[tell]
-                                                    - ratio[clusters[k][0]][tell]))
+        if t is not None:
+            member[w] = min(range(len(clusters)), key=lambda k: abs(
+                t / singletons[tell] - ratio[clusters[k][0]][tell]))
+    # the others (one cluster, no probe to tell the states apart, kernels that failed): the
+    # first cluster's, as a single mode would take them
+    member = dict.fromkeys(wide, 0) | member
     order = _order(clusters, ratio, joint, meas, singletons)
     index = {c: k for k, cl in enumerate(clusters) for c in cl[:1]}
     record["states"] = [{"carrier": cl[0],
