@@ -688,6 +688,13 @@ def test_two_states_of_the_mode_each_get_their_uses() -> None:
     for kernels in (kinds["mixed"], cold, both):
         e = err(model, kernels)
         assert np.sqrt(np.mean(e ** 2)) < 0.01 and np.abs(e).max() < 0.07
+    # the file keeps the states and their order; the fast predictor answers alike
+    again = resmodel.ResourceModel.from_dict(model.to_dict())
+    fast = resmodel.Predictor(again)
+    for k in kinds["mixed"]:
+        assert resmodel.predict(again, k) == fast.predict(k)
+        assert fast.predict(k)[0] == pytest.approx(resmodel.predict(model, k)[0], rel=1e-6)
+        assert fast.wide_mode(k)
     first = resmodel.ResourceModel(model.resources, model.rho, wide={
         "trigger": sorted(model.wide_trigger), "rho": model.wide["rho"]})
     assert np.sqrt(np.mean(err(first, cold) ** 2)) > 0.05
