@@ -89,21 +89,21 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
                  if (t := time_in_mode(f, pairs[c, f], meas)) is not None} for c in cands}
     slow_at = 1 + MODE_TOLS * cfg.tol
     clusters = _cluster(cands, ratio, slow_at - 1)
-    modal = [cl for cl in clusters if any(v > slow_at for v in ratio[cl[0]].values())]
+    slower = {f for cl in clusters for f, v in ratio[cl[0]].items() if v > slow_at}
     first = ratio[z0]
     record.update(carrier=z0, carriers=len(cands), probes=len(first),
                   probe_max_slowdown=round(max(first.values(), default=math.nan), 4),
                   probes_slower=sum(v > slow_at for v in first.values()),
-                  observed=bool(modal))
+                  observed=bool(slower))
     if encodings is not None:
         # per encoding: [probes, probes slower in some state] (Zen 4: only legacy-SSE ones)
         by: dict[str, list[int]] = {}
         for f in sorted(set().union(*(ratio[cl[0]] for cl in clusters))):
             n = by.setdefault(_encoding_group(encodings.get(f)), [0, 0])
             n[0] += 1
-            n[1] += any(ratio[cl[0]].get(f, 0.0) > slow_at for cl in modal)
+            n[1] += f in slower
         record["encodings"] = by
-    if not modal:
+    if not slower:
         record["reason"] = "no probe slower beside a carrier than alone"
         return [], record
     # the probe that tells the states apart best: the largest smallest gap between them
