@@ -341,6 +341,38 @@ def test_a_repetition_is_converted_at_the_clock_it_ran_at():
     assert plain.cycles_per_instance_est["E"] == pytest.approx(0.5 * 1.24 / 0.96, rel=1e-3)
 
 
+def test_a_value_only_one_licence_round_reached_is_not_taken():
+    """Three rounds at the 2.4 GHz licence clock (0.96 cycles per tick, the batch's 1.24).
+    In round 0 of kernel A the clock rose to 3.1 GHz between the samples, both of which read
+    2.4: converted at 0.96 it reads 1.24/0.96 too fast, and the two other rounds agree on the
+    CPU's value: that value stands, certain. B's round 0 is faster than any clock explains
+    (the CPU itself ran it faster): it stands, with the spread as its uncertainty. The same
+    rounds converted at the batch's clock keep the fastest round: no clock makes a kernel
+    read faster than it is there."""
+    parts = []
+    for kernel, fast in (("A", 1.24 / 0.96), ("B", 1.8)):
+        for rnd in range(3):
+            r = make_rows("b0", {kernel: [2.0] * 16})
+            ticks = np.round(2.0 * 20_000 / 0.96 / (fast if rnd == 0 else 1.0))
+            r["instances"], r["ticks1"], r["ticks2"] = 20_000, ticks + 500, 2 * ticks + 500
+            r["local_ratio"], r["run_ratio_low"], r["round"] = 0.96, 0.95, rnd
+            parts.append(r)
+    rows = pd.concat(parts, ignore_index=True)
+    every = rows.index % 16 == 0
+    rows["cal_adds"] = np.where(every, 50_000.0, np.nan)
+    rows["cal1"] = np.where(every, np.round(50_000 / 1.24), np.nan)
+    rows["cal2"] = np.where(every, np.round(100_000 / 1.24), np.nan)
+    agg = estimate.aggregate(rows).set_index("kernel")
+    assert agg.cycles_per_instance_est["A"] == pytest.approx(2.0, rel=1e-3)
+    assert not agg.unstable["A"]
+    assert agg.cycles_per_instance_est["B"] == pytest.approx(2.0 / 1.8, rel=1e-3)
+    assert agg.unstable["B"] and agg.rel_uncertainty["B"] == pytest.approx(0.8, rel=0.01)
+    batch = estimate.aggregate(rows.drop(columns="local_ratio")).set_index("kernel")
+    # round 0 at 1.24: 2.0; the two others, converted at 1.24, 2.0 * 1.24 / 0.96
+    assert batch.cycles_per_instance_est["A"] == pytest.approx(2.0, rel=1e-3)
+    assert batch.unstable["A"]
+
+
 def test_repeat_batches_stay_apart_and_are_read_back(tmp_path):
     """A second measurement on purpose (stage 'repeat-...') is not pooled into the kernel's
     estimate, and Measurer.again answers from it without measuring when it is there (a

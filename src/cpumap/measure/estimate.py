@@ -206,6 +206,62 @@ def _estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, n: int, step: np
     return est, disagree, r1, r2
 
 
+def _round_estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds: np.ndarray,
+                     step: np.ndarray, omax: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each (group, round)'s own estimate: (its group, each row's (group, round) index, -1
+    where the row has no round, the estimate)."""
+    has_round = np.isfinite(rounds)
+    rid = np.full(len(gid), -1, dtype=np.int64)
+    pair = pd.DataFrame({"g": gid[has_round], "r": rounds[has_round]})
+    rid[has_round] = pair.groupby(["g", "r"], sort=False).ngroup().to_numpy()
+    nr = int(rid.max()) + 1 if len(rid) else 0
+    rg = np.zeros(nr, dtype=np.int64)
+    rg[rid[has_round]] = gid[has_round]
+    per, _, _, _ = _estimates(c1[has_round], c2[has_round], rid[has_round], nr, step[rg],
+                              omax[rg])
+    return rg, rid, per
+
+
+def _lone_licence_rounds(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds: np.ndarray,
+                         faster: np.ndarray, step: np.ndarray, omax: np.ndarray,
+                         tol: float) -> np.ndarray:
+    """Rows of a group's fastest round where that round is faster than its next fastest by
+    more than ``tol``, by no more than a faster clock explains: some of its rows were
+    converted at a licence clock, ``faster`` times slower than the batch's (1 elsewhere). A
+    value only such a round reached is not taken.
+
+    Why: converting at a slower clock than the batch's is the one way a repetition reads
+    faster than the CPU is, and the samples around a run bound the clock only where they were
+    taken. The Cascade Lake guest's clock also moves with what shares the core: in a run of 16
+    repetitions of the CMP/SETB round trip whose samples both read 2.4 GHz, the 7 after the
+    first ran at 3.1 GHz (15.3 ticks a call against 17.5 in the 8 after them), and converted
+    at 2.4 that round made the chain 1.77 cycles a link (2.00 in the seven other rounds;
+    2026-11-28, half the runs of the native tests). Another round reaching that value would
+    be the CPU's; one alone is that round's clock. A round faster than any clock makes it is
+    the CPU's (``VADDPS ymm*4`` beside a 512-bit load: 2.24 cycles in one round of eight, 4.0
+    in the others, all at 2.4 GHz: the 512-bit mode was off)."""
+    rg, rid, per = _round_estimates(c1, c2, gid, rounds, step, omax)
+    drop = np.zeros(len(gid), dtype=bool)
+    if not len(rg):
+        return drop
+    has = rid >= 0
+    up = np.ones(len(rg))
+    np.maximum.at(up, rid[has], faster[has])
+    ranked = pd.DataFrame({"g": rg, "e": per, "up": up}).sort_values(["g", "e"], kind="stable")
+    ranked = ranked[np.isfinite(ranked["e"])]
+    second = ranked.groupby("g")["e"].nth(1)
+    second = pd.Series(second.to_numpy(), index=ranked.loc[second.index, "g"].to_numpy())
+    best = ranked.groupby("g").head(1)
+    best = best[best["g"].isin(second.index)]
+    nxt = second.loc[best["g"]].to_numpy() * (1.0 - tol)
+    alone = (best["e"] < nxt) & (best["up"] > 1.0) & (best["e"] * best["up"] >= nxt)
+    lone = np.zeros(len(rg), dtype=bool)
+    lone[best.index[alone.to_numpy()].to_numpy()] = True
+    drop[has] = lone[rid[has]]
+    return drop
+
+
 def _uncertainty(est: np.ndarray, c1: np.ndarray, c2: np.ndarray, gid: np.ndarray,
                  rounds: np.ndarray, order: np.ndarray, step: np.ndarray,
                  omax: np.ndarray) -> np.ndarray:
@@ -219,15 +275,8 @@ def _uncertainty(est: np.ndarray, c1: np.ndarray, c2: np.ndarray, gid: np.ndarra
     """
     n = len(est)
     unc = np.full(n, np.nan)
-    # per round
-    has_round = np.isfinite(rounds)
-    pair = pd.DataFrame({"g": gid[has_round], "r": rounds[has_round]})
-    rid = pair.groupby(["g", "r"], sort=False).ngroup().to_numpy()
-    if len(rid):
-        nr = int(rid.max()) + 1
-        rg = np.zeros(nr, dtype=np.int64)
-        rg[rid] = gid[has_round]
-        per, _, _, _ = _estimates(c1[has_round], c2[has_round], rid, nr, step[rg], omax[rg])
+    rg, _, per = _round_estimates(c1, c2, gid, rounds, step, omax)
+    if len(rg):
         ranked = pd.DataFrame({"g": rg, "e": per}).sort_values(["g", "e"], kind="stable")
         second = ranked.groupby("g")["e"].nth(1)
         multi = second.index.to_numpy() if len(second) else np.array([], dtype=np.int64)
@@ -417,7 +466,11 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
         if "run_ratio_low" in ok and slower.any():
             # unless the kernel's own repetitions contradict the slower samples
             slower &= ~_keeps_batch_clock(ok, slower, keys)
+        # how many times faster the batch's clock is than the one a row was converted at
+        faster = np.where(slower, ok["calib_ratio"] / local, 1.0)
         ok["calib_ratio"] = ok["calib_ratio"].where(~slower, local)
+    else:
+        faster = np.ones(len(ok))
     c1, c2 = _per_instance_cycles(ok)
     groups = ok.groupby(keys, sort=True, dropna=False)
     gid = groups.ngroup().to_numpy()
@@ -431,8 +484,12 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     n = len(out)
     step, omax = _bounds(out["calib_ratio"].fillna(1.0).to_numpy("float64"),
                          out["_inst"].to_numpy("float64"))
-    est, disagree, r1, r2 = _estimates(c1, c2, gid, n, step, omax)
     rounds = ok["round"].to_numpy("float64") if "round" in ok else np.full(len(ok), np.nan)
+    if (faster > 1.0).any():
+        lone = _lone_licence_rounds(c1, c2, gid, rounds, faster, step, omax, stable_tol)
+        c1, c2 = np.where(lone, np.nan, c1), np.where(lone, np.nan, c2)
+        rounds = np.where(lone, np.nan, rounds)
+    est, disagree, r1, r2 = _estimates(c1, c2, gid, n, step, omax)
     unc = _uncertainty(est, c1, c2, gid, rounds, order, step, omax)
     med1 = pd.Series(c1).groupby(gid).median().reindex(range(n)).to_numpy()
     med2 = pd.Series(c2).groupby(gid).median().reindex(range(n)).to_numpy()
