@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpumap.measure import clocklevels, estimate, harness
+from cpumap.measure import clocklevels, harness, robust
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness"
 ADDS_PER_INSTANCE_DIFF = 100 * 20000  # addchain.s: U = 100 adds per iteration, 20000 iterations
@@ -49,8 +49,8 @@ def _per_add(rows: list[dict]) -> float:
     ratio = np.where(np.isfinite(ratio), ratio, rows[0]["calib_ratio"])
     c1 = np.array([r["ticks1"] for r in rows]) * ratio
     c2 = np.array([r["ticks2"] for r in rows]) * ratio
-    step = estimate.ROBUST_STEP_TICKS * float(np.median(ratio))
-    cycles, _ = estimate.kernel_estimate(c1, c2, step, estimate.CALL_OVERHEAD_MAX)
+    step = robust.ROBUST_STEP_TICKS * float(np.median(ratio))
+    cycles, _ = robust.kernel_estimate(c1, c2, step, robust.CALL_OVERHEAD_MAX)
     return cycles / (rows[0].get("iters", 20000) * 100)
 
 

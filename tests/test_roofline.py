@@ -484,7 +484,7 @@ def test_cli_compute_only(tmp_path):
 
 def test_best_of_k_when_every_short_call_was_slowed():
     """All short calls of a run disturbed: f2 - f1 alone would undercut the true cycles; the
-    long calls' own speed is taken instead (cpumap.measure.estimate.per_instance)."""
+    long calls' own speed is taken instead (cpumap.measure.robust.per_instance)."""
     from cpumap.roofline import ceilings
 
     specs = {"ADDSD_XMM_XMM": _spec("ADDSD_XMM_XMMM64")}

@@ -22,7 +22,7 @@ import pandas as pd
 
 from cpumap.isa.catalogue import host_flags
 from cpumap.isa.x86 import FormSpec
-from cpumap.measure import asmgen, blockgen, clocklevels, estimate, harness, quiet
+from cpumap.measure import asmgen, blockgen, clocklevels, estimate, harness, quiet, robust
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
@@ -336,7 +336,7 @@ def _unsettled(results: list, metas: list, bench: BenchSettings, mons: Sequence[
     if todo:
         return [*mons, *todo], "", slow
     cal = ok.dropna(subset=["cal1", "cal2"]) if "cal1" in ok else ok.iloc[:0]
-    clock = sorted((estimate.calib_ratio(g.cal1.to_numpy(), g.cal2.to_numpy(),
+    clock = sorted((robust.calib_ratio(g.cal1.to_numpy(), g.cal2.to_numpy(),
                                          float(g.cal_adds.iat[0]))
                     for _, g in cal.groupby("round")), reverse=True)
     if len(clock) >= 2 and clock[0] / clock[1] - 1 > bench.stable_tol / 2:

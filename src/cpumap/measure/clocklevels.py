@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cpumap.measure import estimate
+from cpumap.measure import robust
 
 #: A calibration sample's clock level: the most common sample ratio (counting the batch's
 #: samples within LEVEL_WIDTH of each) among those within LEVEL_REACH of it, if at least
@@ -45,7 +45,7 @@ LEVEL_BLUR = 0.006
 
 def clock_samples(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """Each row's calibration samples as core cycles per TSC tick
-    (``estimate.sample_ratios``): the one taken before its repetition (``cal1``, ``cal2``)
+    (``robust.sample_ratios``): the one taken before its repetition (``cal1``, ``cal2``)
     and the one closing its kernel's repetitions (``end1``, ``end2``), NaN where it has
     none. One pass over the rows: a full-profile batch has a quarter of a million."""
     f = np.array([(r.get("cal1", -1), r.get("cal2", -1), r.get("end1", -1),
@@ -53,7 +53,7 @@ def clock_samples(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.nda
                  dtype="float64").reshape(-1, 5)
     out = []
     for c1, c2 in ((f[:, 0], f[:, 1]), (f[:, 2], f[:, 3])):
-        out.append(np.where((c1 > 0) & (c2 > 0), estimate.sample_ratios(c1, c2, f[:, 4]),
+        out.append(np.where((c1 > 0) & (c2 > 0), robust.sample_ratios(c1, c2, f[:, 4]),
                             np.nan))
     return out[0], out[1]
 

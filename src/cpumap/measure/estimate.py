@@ -6,9 +6,9 @@ and a call measured then runs 30-70 % slow, while calls that fell into a quiet m
 the CPU's own speed (docs/measurement.md: an independent C loop of 20,000 adds, timed 2,000
 times, gave 0.253-0.258 cycles per add at the 1st percentile and 0.31-0.34 at the median).
 Interference only ever lengthens a call, so each timed quantity is estimated from the low end
-of its repetitions (:func:`robust_low`): the mean of the samples within 0.3 % (and one timer
-step) of the fastest that another sample agrees with, which averages the TSC's 26-tick steps
-instead of picking the lowest.
+of its repetitions (:func:`cpumap.measure.robust.robust_low`): the mean of the samples
+within 0.3 % (and one timer step) of the fastest that another sample agrees with, which
+averages the TSC's 26-tick steps instead of picking the lowest.
 
 What is estimated that way, each on its own: the short call (f1: U copies), the long call (f2:
 2U copies), and the two calibration chains (n and 2n dependent adds) whose difference gives
@@ -39,23 +39,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-#: Relative width of the fastest cluster (harness/papi_bench.c ROBUST_WIDTH) and the timer step
-#: every cluster spans at least (ROBUST_STEP ticks; in cycles, times the calibration ratio).
-ROBUST_WIDTH = 0.003
-ROBUST_STEP_TICKS = 32
-#: How far the f1 and f2 loops' cycles per instance may differ, beyond the call's fixed cost,
-#: and still be taken as one speed (then f2 - f1 cancels that cost). A looser bound lets a
-#: short call slowed more than the long one pull the difference below what the CPU allows
-#: (measured: loads at 0.328 cycles, under the 3-per-cycle limit, with 2 %).
-LOOPS_AGREE = 0.005
-#: Largest fixed cost of one call of a generated kernel function, in cycles: its prologue and
-#: epilogue (16 register loads, 6 pushes and pops, two ldmxcsr, up to 32 vector loads,
-#: vzeroupper) and the timer's fences: 50-600 cycles measured on Zen 4 (2 f1 - f2).
-CALL_OVERHEAD_MAX = 600.0
-#: Fixed cost of a calibration chain's call (two TSC reads, loop entry) as a fraction of the
-#: shorter chain: measured 37 ticks of 14,092 (0.26 %) on Zen 4, 20,000 adds; the bound
-#: leaves room for a slower TSC read four times that.
-CALIB_OVERHEAD = 0.01
+from cpumap.measure import robust
+
 #: Default stability tolerance (bench.stable_tol): first half and all repetitions agree.
 STABLE_TOL = 0.005
 
@@ -65,145 +50,6 @@ AGG_COLUMNS = [
     "noise", "ipc", "calib_ratio", "loops_disagree", "nonlinearity",
 ]
 
-
-#: Samples the fastest cluster must hold to set a value (else the fastest sample alone does):
-#: one sample faster than every other may be a clock spike, not the kernel (Cascade Lake
-#: guest, 2026-11-28: one f2 call of MULSD xmm ran at the 2.7 GHz licence clock inside a run
-#: the samples around it put at 2.4 GHz, and converted at 2.4 it made MULSD 0.448 cycles,
-#: under the 0.5 its two pipes allow). The harness's stopping rule asks for three.
-MIN_CLUSTER = 2
-
-
-def robust_low(x: np.ndarray, step: float = 0.0) -> float:
-    """The undisturbed value of a quantity from its repetitions: the mean of the samples within
-    ``ROBUST_WIDTH`` (relative) or ``step`` (absolute, the timer's resolution) of the fastest
-    sample that MIN_CLUSTER samples agree with (of the fastest, if none is). NaN for no
-    samples."""
-    x = np.asarray(x, dtype="float64")
-    return float(_low_by(x, np.zeros(len(x), dtype=np.int64), 1, np.array([step]))[0])
-
-
-def per_instance(r1: float, r2: float, overhead_max: float = 0.0) -> tuple[float, bool]:
-    """(cycles per instance, loops disagree) from the short call's and the long call's cycles
-    per instance of the short call (``r1``: U copies + overhead, ``r2``: 2U copies + overhead).
-
-    The difference ``r2 - r1`` is the marginal cost of U more instances only if both loops run
-    at the same speed per instance; then the implied overhead ``2 r1 - r2`` is the call's
-    fixed cost: at most ``overhead_max`` (per instance) plus ``LOOPS_AGREE`` of the short call,
-    and not below minus ``LOOPS_AGREE`` of it. On Zen 4 some kernels run their two loops at
-    different speeds, in a way that depends on the loop body (ADD m64,r64 x 4 with 10 vector
-    ALU ops: f1 at 4.0 cycles per instance, f2 at 5.4, so f2 - f1 = 6.8, the speed of
-    neither); the faster loop's own speed, overhead included, is then the best measured bound.
-    """
-    if not (np.isfinite(r1) and np.isfinite(r2)) or r2 <= 0:
-        return r2 - r1, False
-    overhead = 2.0 * r1 - r2
-    if -LOOPS_AGREE * r1 <= overhead <= LOOPS_AGREE * r1 + overhead_max:
-        return r2 - r1, False
-    return min(r1, r2 / 2.0), True
-
-
-def kernel_estimate(c1: np.ndarray, c2: np.ndarray, step: float = 0.0,
-                    overhead_max: float = 0.0) -> tuple[float, bool]:
-    """Cycles per instance from per-instance cycles of the f1 calls (``c1``) and the f2 calls
-    (``c2``, both divided by f1's instance count): robust low of each, then their difference
-    (``per_instance``)."""
-    return per_instance(robust_low(c1, step), robust_low(c2, step), overhead_max)
-
-
-def _fastest(x: np.ndarray) -> float:
-    """The mean of the samples within one TSC step of the fastest: the undisturbed duration,
-    with the timer's step averaged out (a chain slowed by a neighbour is 0.2 % or more, over
-    70 ticks, slower)."""
-    x = np.asarray(x, dtype="float64")
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return float("nan")
-    return float(x[x <= x.min() + ROBUST_STEP_TICKS].mean())
-
-
-def _near_fastest(x: np.ndarray) -> np.ndarray:
-    """The samples ``_fastest`` of these samples, or of them pooled with others, can use."""
-    x = x[np.isfinite(x)]
-    return x[x <= x.min() + ROBUST_STEP_TICKS] if x.size else x
-
-
-def calib_ratio(cal1: np.ndarray, cal2: np.ndarray, adds: float) -> float:
-    """Core cycles per TSC tick from calibration samples: ``adds`` more dependent adds in the
-    2n chain than in the n chain, over the difference of their fastest samples (chains of
-    tens of thousands of ticks; a neighbour only slows a chain).
-
-    The difference alone is wrong by the whole disturbance when only one chain's samples are
-    all slowed (CI on 2026-11-24: four 2n samples slowed, a ratio 9 % low, a latency-1 add
-    chain at 0.91 cycles per add). Physics bounds it: a chain of k latency-1 adds takes at
-    least k cycles, so k over its ticks is at most the ratio (lower bound: the call's fixed
-    cost is not negative), and that fixed cost is at most CALIB_OVERHEAD of the chain (upper
-    bound). Each chain's least disturbed sample then sets the ratio to within that fraction.
-    """
-    return float(sample_ratios(_fastest(cal1), _fastest(cal2), adds))
-
-
-def sample_ratios(cal1: np.ndarray, cal2: np.ndarray, adds: np.ndarray) -> np.ndarray:
-    """:func:`calib_ratio` of each single sample at once (its n and 2n chains ``cal1[i]`` and
-    ``cal2[i]``): NaN where the 2n chain is not the longer."""
-    cal1, cal2 = np.asarray(cal1, dtype="float64"), np.asarray(cal2, dtype="float64")
-    adds = np.asarray(adds, dtype="float64")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = cal2 - cal1
-        low = np.maximum(adds / cal1, 2.0 * adds / cal2)
-        out = np.clip(adds / d, low, low / (1.0 - CALIB_OVERHEAD))
-    return np.where(d > 0, out, np.nan)
-
-
-def _low_by(x: np.ndarray, gid: np.ndarray, n: int, step: np.ndarray) -> np.ndarray:
-    """:func:`robust_low` of each group at once (``gid``: group of each sample, ``step``: per
-    group); NaN for a group without a finite sample."""
-    x = np.asarray(x, dtype="float64")
-    step = np.broadcast_to(np.asarray(step, dtype="float64"), (n,))
-    ok = np.isfinite(x)
-    x, gid = x[ok], gid[ok]
-    order = np.lexsort((x, gid))
-    xs, gs = x[order], gid[order]
-    lim = np.maximum(xs * (1.0 + ROBUST_WIDTH), xs + step[gs])
-    # a sample is an anchor if the MIN_CLUSTER - 1 next samples of its group lie within its limit
-    k = np.arange(len(xs)) + MIN_CLUSTER - 1
-    inside = k < len(xs)
-    anchor = np.zeros(len(xs), dtype=bool)
-    anchor[inside] = (gs[k[inside]] == gs[inside]) & (xs[k[inside]] <= lim[inside])
-    first = np.full(n, -1)
-    starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]]) if len(gs) else np.array([], int)
-    first[gs[starts]] = starts  # the fastest sample, where no anchor
-    where = np.flatnonzero(anchor)
-    # the fastest anchor of each group (sorted: the first seen)
-    firsts = np.unique(gs[where], return_index=True)
-    first[firsts[0]] = where[firsts[1]]
-    have = first >= 0
-    base = np.full(n, np.inf)
-    top = np.full(n, -np.inf)
-    base[have] = xs[first[have]]
-    top[have] = lim[first[have]]
-    keep = (x >= base[gid]) & (x <= top[gid])
-    total = np.bincount(gid[keep], weights=x[keep], minlength=n)
-    count = np.bincount(gid[keep], minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
-
-
-def _per_instance_v(r1: np.ndarray, r2: np.ndarray, omax: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`per_instance` of arrays: (cycles per instance, loops disagree)."""
-    overhead = 2.0 * r1 - r2
-    agree = (overhead >= -LOOPS_AGREE * r1) & (overhead <= LOOPS_AGREE * r1 + omax)
-    agree |= ~(np.isfinite(r1) & np.isfinite(r2) & (r2 > 0))
-    return np.where(agree, r2 - r1, np.minimum(r1, r2 / 2.0)), ~agree
-
-
-def _estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, n: int, step: np.ndarray,
-               omax: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(estimate, loops disagree, robust low of f1, of f2) of each group."""
-    r1, r2 = _low_by(c1, gid, n, step), _low_by(c2, gid, n, step)
-    est, disagree = _per_instance_v(r1, r2, omax)
-    return est, disagree, r1, r2
 
 
 def _round_estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds: np.ndarray,
@@ -218,8 +64,8 @@ def _round_estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds: np
     nr = int(rid.max()) + 1 if len(rid) else 0
     rg = np.zeros(nr, dtype=np.int64)
     rg[rid[has_round]] = gid[has_round]
-    per, _, _, _ = _estimates(c1[has_round], c2[has_round], rid[has_round], nr, step[rg],
-                              omax[rg])
+    per, _, _, _ = robust.estimates_by(c1[has_round], c2[has_round], rid[has_round], nr,
+                                       step[rg], omax[rg])
     return rg, rid, per
 
 
@@ -287,7 +133,7 @@ def _uncertainty(est: np.ndarray, c1: np.ndarray, c2: np.ndarray, gid: np.ndarra
     size = np.bincount(gid, minlength=n)
     first = single[gid] & (order < (size // 2)[gid])
     if first.any():
-        half, _, _, _ = _estimates(c1[first], c2[first], gid[first], n, step, omax)
+        half, _, _, _ = robust.estimates_by(c1[first], c2[first], gid[first], n, step, omax)
         with np.errstate(invalid="ignore", divide="ignore"):
             unc = np.where(single, np.abs(half / est - 1.0), unc)
     unc[~(est > 0)] = np.inf
@@ -332,7 +178,8 @@ def batch_ratios(df: pd.DataFrame) -> dict[tuple[str, str], float]:
             c1, c2 = g["cal1"].to_numpy("float64"), g["cal2"].to_numpy("float64")
             # only a batch's fastest samples can be a pool's fastest (``_fastest``)
             batches.append((pd.NaT if pd.isna(t) else pd.Timestamp(t), str(b), str(p),
-                            _near_fastest(c1), _near_fastest(c2), calib_ratio(c1, c2, adds)))
+                            robust.near_fastest(c1), robust.near_fastest(c2),
+                            robust.calib_ratio(c1, c2, adds)))
         # measuring order: timestamp, then batch id (rows without a timestamp first)
         batches.sort(key=lambda x: (not pd.isna(x[0]), x[0] if not pd.isna(x[0]) else 0, x[1]))
         for i, (_, b, p, _c1, _c2, own) in enumerate(batches):
@@ -340,7 +187,7 @@ def batch_ratios(df: pd.DataFrame) -> dict[tuple[str, str], float]:
                 continue
             pool = [x for x in batches[:i + 1]
                     if np.isfinite(x[5]) and abs(x[5] / own - 1) <= CLOCK_AGREE]
-            pooled = calib_ratio(np.concatenate([x[3] for x in pool]),
+            pooled = robust.calib_ratio(np.concatenate([x[3] for x in pool]),
                                  np.concatenate([x[4] for x in pool]), adds)
             out[(b, p)] = pooled if np.isfinite(pooled) else own
     return out
@@ -363,7 +210,7 @@ def calibration_core(df: pd.DataFrame) -> pd.DataFrame:
     for c in ("cal1", "cal2"):
         x = have[c].astype("float64")
         x = x.where(np.isfinite(x))
-        keep |= (x <= x.groupby(keys, sort=False).transform("min") + ROBUST_STEP_TICKS
+        keep |= (x <= x.groupby(keys, sort=False).transform("min") + robust.ROBUST_STEP_TICKS
                  ).to_numpy()
     if "timestamp" in have and have["timestamp"].notna().any():
         # one row holding the batch's earliest timestamp (rows often share one)
@@ -387,7 +234,7 @@ def _per_instance_cycles(ok: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def _bounds(ratio: np.ndarray, inst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each group's timer step and largest call overhead, in cycles per instance (the
     estimator's ``step`` and ``omax``), from its median ratio and instances."""
-    return ROBUST_STEP_TICKS * ratio / inst, CALL_OVERHEAD_MAX / inst
+    return robust.ROBUST_STEP_TICKS * ratio / inst, robust.CALL_OVERHEAD_MAX / inst
 
 
 def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, keys: list[str]) -> np.ndarray:
@@ -418,13 +265,13 @@ def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, keys: list[str]) -> 
               ).to_numpy()
 
     def est(mask: np.ndarray) -> np.ndarray:
-        return _estimates(np.where(mask, c1, np.nan), np.where(mask, c2, np.nan), gid, n, step,
-                          omax)[0]
+        return robust.estimates_by(np.where(mask, c1, np.nan), np.where(mask, c2, np.nan), gid,
+                                   n, step, omax)[0]
 
     at_proven, at_slower = est(proven), est(slower.to_numpy())
     with np.errstate(invalid="ignore"):
         # fewer ticks beyond the estimate's own width: the proven runs were slowed
-        keep = np.isfinite(at_proven) & ~(at_slower < at_proven * (1.0 - ROBUST_WIDTH))
+        keep = np.isfinite(at_proven) & ~(at_slower < at_proven * (1.0 - robust.ROBUST_WIDTH))
     return keep[gid]
 
 
@@ -489,7 +336,7 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
         lone = _lone_licence_rounds(c1, c2, gid, rounds, faster, step, omax, stable_tol)
         c1, c2 = np.where(lone, np.nan, c1), np.where(lone, np.nan, c2)
         rounds = np.where(lone, np.nan, rounds)
-    est, disagree, r1, r2 = _estimates(c1, c2, gid, n, step, omax)
+    est, disagree, r1, r2 = robust.estimates_by(c1, c2, gid, n, step, omax)
     unc = _uncertainty(est, c1, c2, gid, rounds, order, step, omax)
     med1 = pd.Series(c1).groupby(gid).median().reindex(range(n)).to_numpy()
     med2 = pd.Series(c2).groupby(gid).median().reindex(range(n)).to_numpy()
@@ -499,7 +346,7 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
         out["unstable"] = ~np.isfinite(unc) | (unc > stable_tol)
         # what the median calls give (the estimator of earlier harness versions), and how much
         # slower than the undisturbed one the typical long call ran: the host's noise
-        out["cycles_per_instance_median"] = _per_instance_v(med1, med2, omax)[0]
+        out["cycles_per_instance_median"] = robust.per_instance_v(med1, med2, omax)[0]
         out["noise"] = med2 / r2 - 1.0
         out["loops_disagree"] = disagree
         # the n/2n difference against the long call alone (overhead included, well under

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from cpumap.measure import estimate
+from cpumap.measure import robust
 from cpumap.measure.harness_output import HarnessError, Segment, StreamParser
 
 HARNESS_DIR = Path(__file__).resolve().parents[3] / "harness"
@@ -184,7 +184,7 @@ def _assign_ratios(seg: Segment, fallback: float) -> None:
                 for c in samples[i] if c[2] == by_kernel[index][0]["cal_adds"]]
         # one sample alone is off by a few percent (measured: 1.38-1.52 against 1.423): the
         # fastest of several is not
-        k_ratio = estimate.calib_ratio(np.array([c[0] for c in near]),
+        k_ratio = robust.calib_ratio(np.array([c[0] for c in near]),
                                        np.array([c[1] for c in near]),
                                        float(by_kernel[index][0]["cal_adds"])) \
             if len(near) >= CALIB_MIN_SAMPLES else math.nan
