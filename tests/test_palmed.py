@@ -803,6 +803,20 @@ def test_wide_refit_moves_only_the_uses_met_beside_the_carrier(monkeypatch) -> N
             assert max(uses.values()) >= 0.9 * sim.exact({f: 1}), f
 
 
+def test_a_resource_of_its_own_is_no_longer_than_the_mixes_allow() -> None:
+    """``refit._owned``: a form its shared uses leave short of its singleton gets a resource
+    of its own, its singleton's time, or the least time per copy of it among the measured
+    kernels holding it beside other forms where that is shorter by more than twice tol (ROL
+    r64, imm8: a flags chain alone, 0.98 cycles; 0.5 a copy beside a full-flags writer);
+    within that, the singleton (noise of the kernels and of the singleton)."""
+    rho = {"ROL": {0: 0.5}, "ADD": {0: 0.25}, "DIV": {1: 1.0}}
+    singletons = {"ROL": 0.98, "ADD": 0.25, "DIV": 7.0}
+    meas = {"ADD ROL*2": 1.02, "ROL": 0.98, "ADD*3 DIV": 6.8, "DIV*2 ROL": 14.1}
+    assert palmed.refit._owned(rho, sorted(rho), singletons, 0.05, meas) == {
+        "ROL": 0.51, "DIV": 7.0}
+    assert palmed.refit._owned(rho, sorted(rho), singletons, 0.05) == {"ROL": 0.98, "DIV": 7.0}
+
+
 def test_wide_uses_are_raised_to_the_forms_own_time() -> None:
     """``wide._up_to``: uses that predict the form alone under its singleton get the largest
     raised to it, the others kept; uses that explain it are left alone; a form left with no

@@ -120,10 +120,12 @@ POLISH_NEAR = 0.8
 
 
 def _owned(rho: Mapping[str, Mapping[int, float]], forms: Sequence[str],
-           singletons: Mapping[str, float], tol: float) -> dict[str, float]:
-    """form -> the use of a resource of its own (its singleton time), for the forms whose
-    shared uses predict them alone below their singleton by more than ``tol`` after the
-    joint refit.
+           singletons: Mapping[str, float], tol: float,
+           meas: Measurements | None = None) -> dict[str, float]:
+    """form -> the use of a resource of its own, for the forms whose shared uses predict
+    them alone below their singleton by more than ``tol`` after the joint refit: the
+    singleton's time, or less where a measured kernel of ``meas`` holding the form beside
+    other forms took less per copy of it by more than twice ``tol`` (``_per_copy_caps``).
 
     Why: a form that holds a unit of its own longer than the ports it shares (a
     non-pipelined unit: VPCLMULQDQ ymm on Zen 4 takes 2 cycles alone, its port 1 beside
@@ -137,13 +139,42 @@ def _owned(rho: Mapping[str, Mapping[int, float]], forms: Sequence[str],
     reads (for any shortfall, 4,327 of 5,627 forms had a resource of their own, ADD r64
     alone had ``own:ADD_R16_R16_OP03`` for its bottleneck, and the held-out figures were the
     same within 0.001 of tau and 0.01 point of RMS).
+
+    Why the kernels' cap: a singleton can be slower than the form's own unit: a chain only
+    the form alone makes (``ROL r64, imm8`` writes part of the flags and waits for the last
+    writer's: 0.98 cycles alone, 0.50 a copy beside full-flags writers), or a neighbour
+    that held the ALU slots through every round of it (``TEST r64, r64`` 0.38 cycles, 0.25
+    a copy in mixes). Cascade Lake guest, default run's database (2026-11-28), the model as
+    fitted with those uses capped offline: held-out tau 0.891 -> 0.897, RMS 9.13 -> 9.07 %,
+    MAPE 4.70 -> 4.50 %, kernels off by more than 20 % 35 -> 31 (capping the wide uses' own
+    resources too made the kernels mixing 512-bit forms worse, 11.1 -> 12.3 % RMS: a form in
+    the mode is slower than beside plain forms, so the wide stage keeps its floor).
     """
+    caps = _per_copy_caps(meas or {}, forms)
     out = {}
+    t_tol = max(tol, 1e-9)
     for f in forms:
         t = singletons[f]
-        if max(rho.get(f, {}).values(), default=0.0) < t * (1 - max(tol, 1e-9)):
-            out[f] = t
+        if max(rho.get(f, {}).values(), default=0.0) < t * (1 - t_tol):
+            # beyond the noise of both only (each within tol of the CPU): the least of
+            # thousands of kernels is their fastest noise, the singleton may be its slowest
+            out[f] = cap if (cap := caps.get(f, math.inf)) < t * (1 - 2 * t_tol) else t
     return out
+
+
+def _per_copy_caps(meas: Measurements, forms: Sequence[str]) -> dict[str, float]:
+    """form -> the least time per copy of it among the measured kernels that hold it beside
+    other forms: no unit of its own can hold it longer (interference only slows a kernel)."""
+    want = set(forms)
+    caps: dict[str, float] = {}
+    for text, m in meas.items():
+        if not (m > 0 and math.isfinite(m)) or " " not in text:
+            continue
+        k = parse_canonical(text)
+        for f, n in k.items():
+            if f in want and m / n < caps.get(f, math.inf):
+                caps[f] = m / n
+    return caps
 
 
 def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[str],

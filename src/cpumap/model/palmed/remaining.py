@@ -181,7 +181,7 @@ def _fit_reps(core: Core, forms: list[str], singletons: Mapping[str, float],
         if noisy:
             rho = _polish(rho, n, forms, singletons, meas, cfg, bad, stats, log, first=first)
             rho = _serialised(rho, n, serial_at[n], singletons, lambda _m: None)
-            own = _owned(rho, forms, singletons, cfg.tol)
+            own = _owned(rho, forms, singletons, cfg.tol, meas)
         return (*_explained(rho, defining[:n], sat, forms, singletons, cfg, log, set(own)), own)
 
     while True:
