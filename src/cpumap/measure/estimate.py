@@ -51,7 +51,6 @@ AGG_COLUMNS = [
 ]
 
 
-
 def _round_estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds: np.ndarray,
                      step: np.ndarray, omax: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -176,7 +175,7 @@ def batch_ratios(df: pd.DataFrame) -> dict[tuple[str, str], float]:
         for (b, p), g in same.groupby(["batch_id", "params_id"], sort=False):
             t = g["timestamp"].min() if "timestamp" in g else pd.NaT
             c1, c2 = g["cal1"].to_numpy("float64"), g["cal2"].to_numpy("float64")
-            # only a batch's fastest samples can be a pool's fastest (``_fastest``)
+            # only a batch's fastest samples can be a pool's fastest (``robust.fastest``)
             batches.append((pd.NaT if pd.isna(t) else pd.Timestamp(t), str(b), str(p),
                             robust.near_fastest(c1), robust.near_fastest(c2),
                             robust.calib_ratio(c1, c2, adds)))
@@ -188,7 +187,7 @@ def batch_ratios(df: pd.DataFrame) -> dict[tuple[str, str], float]:
             pool = [x for x in batches[:i + 1]
                     if np.isfinite(x[5]) and abs(x[5] / own - 1) <= CLOCK_AGREE]
             pooled = robust.calib_ratio(np.concatenate([x[3] for x in pool]),
-                                 np.concatenate([x[4] for x in pool]), adds)
+                                        np.concatenate([x[4] for x in pool]), adds)
             out[(b, p)] = pooled if np.isfinite(pooled) else own
     return out
 
@@ -283,7 +282,8 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     Each row's ticks are converted with its batch's pooled ratio (:func:`batch_ratios`; the
     row's own ``calib_ratio`` where the batch has no calibration sample), or with the clock
     the row ran at (``local_ratio``) where that was slower by more than CLOCK_AGREE, unless
-    the kernel's own repetitions contradict it (:func:`_keeps_batch_clock`).
+    the kernel's own repetitions contradict it (:func:`_keeps_batch_clock`). A round that
+    alone reached its value at such a clock is left out (:func:`_lone_licence_rounds`).
     ``ratios`` may be given when ``df`` holds only part of the rows they come from (the
     batch's own, or those of the batches measured before it).
 

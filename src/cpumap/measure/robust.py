@@ -87,7 +87,7 @@ def fastest(x: np.ndarray) -> float:
 
 
 def near_fastest(x: np.ndarray) -> np.ndarray:
-    """The samples ``_fastest`` of these samples, or of them pooled with others, can use."""
+    """The samples ``fastest`` of these samples, or of them pooled with others, can use."""
     x = x[np.isfinite(x)]
     return x[x <= x.min() + ROBUST_STEP_TICKS] if x.size else x
 
