@@ -199,7 +199,7 @@ def calibration_core(df: pd.DataFrame) -> pd.DataFrame:
 
     Why: a full profile's ``fit_model`` holds 2 million calibration samples and recomputed
     every batch's pooled ratio from all of them after each measured chunk (3.6 s each time);
-    a batch's slower samples never reach a pool's fastest (``_fastest``)."""
+    a batch's slower samples never reach a pool's fastest (``robust.fastest``)."""
     cols = {"machine_id", "batch_id", "params_id", "cal1", "cal2", "cal_adds"}
     if not cols <= set(df.columns) or df.empty:
         return df
