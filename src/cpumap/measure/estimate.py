@@ -68,13 +68,13 @@ def _round_estimates(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds: np
     return rg, rid, per
 
 
-def _lone_licence_rounds(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds: np.ndarray,
-                         faster: np.ndarray, step: np.ndarray, omax: np.ndarray,
-                         tol: float) -> np.ndarray:
-    """Rows of a group's fastest round where that round is faster than its next fastest by
-    more than ``tol``, by no more than a faster clock explains: some of its rows were
-    converted at a licence clock, ``faster`` times slower than the batch's (1 elsewhere). A
-    value only such a round reached is not taken.
+def _lone_licence_rounds(rg: np.ndarray, rid: np.ndarray, per: np.ndarray,
+                         faster: np.ndarray, tol: float) -> np.ndarray:
+    """Which (group, round) of ``_round_estimates`` (``rg``, ``rid``, ``per``) is a group's
+    fastest round, faster than its next fastest by more than ``tol``, by no more than a
+    faster clock explains: some of its rows were converted at a licence clock, ``faster``
+    times slower than the batch's (1 elsewhere). A value only such a round reached is not
+    taken.
 
     Why: converting at a slower clock than the batch's is the one way a repetition reads
     faster than the CPU is, and the samples around a run bound the clock only where they were
@@ -86,10 +86,9 @@ def _lone_licence_rounds(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds
     be the CPU's; one alone is that round's clock. A round faster than any clock makes it is
     the CPU's (``VADDPS ymm*4`` beside a 512-bit load: 2.24 cycles in one round of eight, 4.0
     in the others, all at 2.4 GHz: the 512-bit mode was off)."""
-    rg, rid, per = _round_estimates(c1, c2, gid, rounds, step, omax)
-    drop = np.zeros(len(gid), dtype=bool)
+    lone = np.zeros(len(rg), dtype=bool)
     if not len(rg):
-        return drop
+        return lone
     has = rid >= 0
     up = np.ones(len(rg))
     np.maximum.at(up, rid[has], faster[has])
@@ -101,16 +100,15 @@ def _lone_licence_rounds(c1: np.ndarray, c2: np.ndarray, gid: np.ndarray, rounds
     best = best[best["g"].isin(second.index)]
     nxt = second.loc[best["g"]].to_numpy() * (1.0 - tol)
     alone = (best["e"] < nxt) & (best["up"] > 1.0) & (best["e"] * best["up"] >= nxt)
-    lone = np.zeros(len(rg), dtype=bool)
     lone[best.index[alone.to_numpy()].to_numpy()] = True
-    drop[has] = lone[rid[has]]
-    return drop
+    return lone
 
 
 def _uncertainty(est: np.ndarray, c1: np.ndarray, c2: np.ndarray, gid: np.ndarray,
-                 rounds: np.ndarray, order: np.ndarray, step: np.ndarray,
-                 omax: np.ndarray) -> np.ndarray:
-    """How far each group's estimate could be from the CPU's value, relative.
+                 order: np.ndarray, step: np.ndarray, omax: np.ndarray, rg: np.ndarray,
+                 per: np.ndarray) -> np.ndarray:
+    """How far each group's estimate could be from the CPU's value, relative (``rg``,
+    ``per``: the group and estimate of each of its rounds, ``_round_estimates``).
 
     With several rounds (passes over the batch seconds apart): how far the best round's value
     is from the next best round's; a value that only one round reached may be that round's
@@ -120,7 +118,6 @@ def _uncertainty(est: np.ndarray, c1: np.ndarray, c2: np.ndarray, gid: np.ndarra
     """
     n = len(est)
     unc = np.full(n, np.nan)
-    rg, _, per = _round_estimates(c1, c2, gid, rounds, step, omax)
     if len(rg):
         ranked = pd.DataFrame({"g": rg, "e": per}).sort_values(["g", "e"], kind="stable")
         second = ranked.groupby("g")["e"].nth(1)
@@ -332,12 +329,16 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     step, omax = _bounds(out["calib_ratio"].fillna(1.0).to_numpy("float64"),
                          out["_inst"].to_numpy("float64"))
     rounds = ok["round"].to_numpy("float64") if "round" in ok else np.full(len(ok), np.nan)
+    rg, rid, per = _round_estimates(c1, c2, gid, rounds, step, omax)
     if (faster > 1.0).any():
-        lone = _lone_licence_rounds(c1, c2, gid, rounds, faster, step, omax, stable_tol)
-        c1, c2 = np.where(lone, np.nan, c1), np.where(lone, np.nan, c2)
-        rounds = np.where(lone, np.nan, rounds)
+        lone = _lone_licence_rounds(rg, rid, per, faster, stable_tol)
+        # the rows of those rounds out of the estimate, the rounds out of its uncertainty
+        drop = np.zeros(len(gid), dtype=bool)
+        drop[rid >= 0] = lone[rid[rid >= 0]]
+        c1, c2 = np.where(drop, np.nan, c1), np.where(drop, np.nan, c2)
+        rg, per = rg[~lone], per[~lone]
     est, disagree, r1, r2 = robust.estimates_by(c1, c2, gid, n, step, omax)
-    unc = _uncertainty(est, c1, c2, gid, rounds, order, step, omax)
+    unc = _uncertainty(est, c1, c2, gid, order, step, omax, rg, per)
     med1 = pd.Series(c1).groupby(gid).median().reindex(range(n)).to_numpy()
     med2 = pd.Series(c2).groupby(gid).median().reindex(range(n)).to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
