@@ -150,15 +150,16 @@ def _owned(rho: Mapping[str, Mapping[int, float]], forms: Sequence[str],
     resources too made the kernels mixing 512-bit forms worse, 11.1 -> 12.3 % RMS: a form in
     the mode is slower than beside plain forms, so the wide stage keeps its floor).
     """
-    caps = _per_copy_caps(meas or {}, forms)
-    out = {}
     t_tol = max(tol, 1e-9)
-    for f in forms:
+    short = [f for f in forms
+             if max(rho.get(f, {}).values(), default=0.0) < singletons[f] * (1 - t_tol)]
+    caps = _per_copy_caps(meas or {}, short) if short else {}
+    out = {}
+    for f in short:
         t = singletons[f]
-        if max(rho.get(f, {}).values(), default=0.0) < t * (1 - t_tol):
-            # beyond the noise of both only (each within tol of the CPU): the least of
-            # thousands of kernels is their fastest noise, the singleton may be its slowest
-            out[f] = cap if (cap := caps.get(f, math.inf)) < t * (1 - 2 * t_tol) else t
+        # beyond the noise of both only (each within tol of the CPU): the least of thousands
+        # of kernels is their fastest noise, the singleton may be its slowest
+        out[f] = cap if (cap := caps.get(f, math.inf)) < t * (1 - 2 * t_tol) else t
     return out
 
 
