@@ -62,6 +62,20 @@ def test_operands_of_common_forms(catalogue):
     assert [o.access for o in spec.operands] == ["rw", "r", "r"]
 
 
+def test_forms_that_write_every_flag_and_read_none_break_the_flags_chain(catalogue_df):
+    """iced-x86's flags decide (undefined flags count as written: the hardware writes them);
+    a shift by CL keeps the flags on a zero count, so it reads them whatever iced says."""
+    row = catalogue_df.set_index("name")
+    breaks = {n: bool(row.at[n, "breaks_flags"]) for n in (
+        "ADD_R64_R64", "CMP_R64_I8", "AND_R64_R64", "IMUL_R64_R64", "SAR_R64_I8",
+        "ROL_R64_I8", "INC_R64", "ADC_R64_R64", "SHR_R64_CL", "CMOVE_R64_R64", "MOV_R64_R64")}
+    assert breaks == {"ADD_R64_R64": True, "CMP_R64_I8": True, "AND_R64_R64": True,
+                      "IMUL_R64_R64": True, "SAR_R64_I8": True, "ROL_R64_I8": False,
+                      "INC_R64": False, "ADC_R64_R64": False, "SHR_R64_CL": False,
+                      "CMOVE_R64_R64": False, "MOV_R64_R64": False}
+    assert row.at["ROL_R64_I8", "writes_flags"] and not row.at["ROL_R64_I8", "reads_flags"]
+
+
 def test_round_trip_sample(catalogue_df, catalogue):
     """name -> AT&T text -> GNU as bytes -> decoded form, for a random sample of forms."""
     ok = catalogue_df[(catalogue_df.status == "ok") & (catalogue_df.gas == "same")]

@@ -53,6 +53,42 @@ def test_dependence_chain_forms_join_the_model_as_approximations():
     assert resmodel.resource_labels(model)["chain:MUL_R64"] == "MUL: 0.333 per cycle"
 
 
+def test_partial_flags_writers_chain_unless_a_form_writing_every_flag_runs_beside():
+    """ROL r64, imm8 alone 0.98 cycles a copy, 0.5 beside ADD (Cascade Lake): a link of the
+    chain, its time alone; INC (writes all but CF) runs at its ports alone: no link; ADC,
+    a chain form outside Palmed, a link of its measured time. A kernel holding ADD (writes
+    every flag) is the resources'."""
+    from cpumap.model import outside, resmodel
+
+    model = resmodel.ResourceModel(
+        resources=["alu", "shift", "chain:ADC_R64_R64"],
+        rho={"ADD_R64_R64": {"alu": 0.25}, "ROL_R64_I8": {"shift": 0.5},
+             "INC_R64": {"alu": 0.25}, "ADC_R64_R64": {"chain:ADC_R64_R64": 1.0},
+             "VADDPD_YMM_YMM_YMM": {"shift": 0.5}})
+    forms = pd.DataFrame({
+        "name": ["ADD_R64_R64", "ROL_R64_I8", "INC_R64", "ADC_R64_R64", "VADDPD_YMM_YMM_YMM"],
+        "writes_flags": [True, True, True, True, False],
+        "breaks_flags": [True, False, False, False, False]})
+    singletons = {"ADD_R64_R64": 0.25, "ROL_R64_I8": 0.98, "INC_R64": 0.255,
+                  "VADDPD_YMM_YMM_YMM": 0.5}
+    links = outside.add_flags_chain(model, forms, singletons, 0.02, lambda _: None)
+    assert links == {"ADC_R64_R64": 1.0, "ROL_R64_I8": 0.98}
+    assert model.provenance["flags_chain"]["breakers"] == ["ADD_R64_R64"]
+    fast = resmodel.Predictor(model)
+    for kernel, want in [
+            ({"ROL_R64_I8": 4}, (3.92, "chain:flags")),
+            ({"ROL_R64_I8": 2, "INC_R64": 4, "ADC_R64_R64": 1}, (2.96, "chain:flags")),
+            ({"ROL_R64_I8": 4, "ADD_R64_R64": 1}, (2.0, "shift")),
+            ({"ROL_R64_I8": 1, "VADDPD_YMM_YMM_YMM": 2}, (1.5, "shift")),
+            ({"INC_R64": 4}, (1.0, "alu"))]:
+        for got in (resmodel.predict(model, kernel), fast.predict(kernel)):
+            assert math.isclose(got[0], want[0]) and got[1] == want[1], (kernel, got)
+    assert fast.labels["chain:flags"].startswith("flags chain of ADC/ROL")
+    # the model file keeps the chain
+    again = resmodel.ResourceModel.from_dict(model.to_dict())
+    assert resmodel.predict(again, {"ROL_R64_I8": 4})[1] == "chain:flags"
+
+
 def test_leave_is_predicted_as_its_parts_and_flagged():
     from cpumap.model import outside, resmodel
 

@@ -77,9 +77,13 @@ UMIP_EMULATED = {"SLDT", "SIDT", "SGDT", "SMSW", "STR"}
 
 COLUMNS = [
     "name", "code", "mem", "mnemonic", "att_template", "att_example", "operands", "extension",
-    "category", "encoding", "cpuid", "implicit", "reads_flags", "writes_flags", "gas", "status",
-    "reason", "spec",
+    "category", "encoding", "cpuid", "implicit", "reads_flags", "writes_flags", "breaks_flags",
+    "gas", "status", "reason", "spec",
 ]
+
+
+#: Columns of booleans.
+BOOL_COLUMNS = ("mem", "reads_flags", "writes_flags", "breaks_flags")
 
 
 def host_flags(machine: dict) -> set[str]:
@@ -186,7 +190,8 @@ def _static_rows(flags: set[str], virtual: bool) -> list[dict]:
                 "extension": _extension(ex["cpuid"]), "category": _category(spec, ex["mnemonic"]),
                 "operands": json.dumps([o.__dict__ for o in spec.operands]),
                 "implicit": json.dumps(spec.implicit), "reads_flags": spec.reads_flags,
-                "writes_flags": spec.writes_flags, "att_example": x86.att(ex["instr"]),
+                "writes_flags": spec.writes_flags, "breaks_flags": ex["breaks_flags"],
+                "att_example": x86.att(ex["instr"]),
                 "att_template": x86.att_template(ex["instr"], spec),
                 "_bytes": encoded,
             }
@@ -391,7 +396,7 @@ def build_catalogue(
         if c not in df:
             df[c] = ""
     df = df[COLUMNS].fillna("")
-    for c in ("mem", "reads_flags", "writes_flags"):
+    for c in BOOL_COLUMNS:
         df[c] = df[c].astype(bool)
     n_ok = int((df.status == "ok").sum())
     say(f"catalogue: {n_ok} ok, {len(df) - n_ok} excluded")

@@ -25,8 +25,10 @@ from iced_x86 import (
     MemorySizeInfo,
     OpAccess,
     OpCodeInfo,
+    OpKind,
     Register,
     RegisterInfo,
+    RflagsBits,
 )
 
 
@@ -339,8 +341,32 @@ def analyse(code: int, mem: bool, ops: list[tuple[str, str, int, str]]) -> FormS
             "string": bool(instr.is_string_instruction),
             "instr": instr,
             "implicit_mem": implicit_mem,
+            "breaks_flags": breaks_flags(instr),
         },
     )
+
+
+#: The six status flags: a form writing all of them and reading none starts the flags afresh.
+STATUS_FLAGS = (RflagsBits.OF | RflagsBits.SF | RflagsBits.ZF | RflagsBits.AF | RflagsBits.CF
+                | RflagsBits.PF)
+
+
+def breaks_flags(instr: Instruction) -> bool:
+    """Whether an instruction writes every status flag and reads none: its flags output owes
+    nothing to the flags before it, so it ends any chain through the flags. A form that writes
+    part of them (``ROL r64, imm8``: CF and OF) may have to merge its result with the flags
+    before it, and then copies of it wait for one another unless such a form runs between
+    them (0.98 cycles a copy alone on Cascade Lake, 0.50 beside ADD). Undefined flags count
+    as written: the hardware writes something, iced-x86 only says the value is unspecified."""
+    if MNEMONIC_NAMES[instr.mnemonic] in _SHIFTS and any(
+            instr.op_kind(i) == OpKind.REGISTER and instr.op_register(i) == Register.CL
+            for i in range(instr.op_count)):
+        return False  # a count of 0 in CL leaves the flags as they were: they are read
+    return (instr.rflags_modified & STATUS_FLAGS == STATUS_FLAGS
+            and not instr.rflags_read & STATUS_FLAGS)
+
+
+_SHIFTS = frozenset({"SHL", "SHR", "SAL", "SAR", "ROL", "ROR", "RCL", "RCR", "SHLD", "SHRD"})
 
 
 def instantiate(spec: FormSpec, regs: list[str | None], displ: int, imm: int = 1,

@@ -54,7 +54,7 @@ def simulated_forms(sim: Simulator) -> pd.DataFrame:
         "gas": "n/a", "att_template": name, "att_example": name,
     } for name in sorted(sim.forms)]
     df = pd.DataFrame(rows, columns=catalogue.COLUMNS)
-    for c in ("mem", "reads_flags", "writes_flags"):
+    for c in catalogue.BOOL_COLUMNS:
         df[c] = False
     return df
 

@@ -24,7 +24,12 @@ from cpumap.isa import transition
 from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
 from cpumap.model import resmodel, validation
-from cpumap.model.outside import add_chain_forms, add_decomposed_forms, modelable
+from cpumap.model.outside import (
+    add_chain_forms,
+    add_decomposed_forms,
+    add_flags_chain,
+    modelable,
+)
 from cpumap.model.palmed import NON_ADDITIVE_SHARE, PalmedConfig
 from cpumap.model.palmed.build import Build
 from cpumap.store import db, files
@@ -214,6 +219,8 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     left = b.info.get("not_modelled", {})
     stats["approximate"] = add_chain_forms(model, left, job.measure, job.log)
     stats["approximate"] |= add_decomposed_forms(model)
+    stats["flags_chain"] = add_flags_chain(model, job.measurer.forms, b.singletons, b.config.tol,
+                                           job.log)
     if "sse_avx_transition" in b.info:
         model.provenance["sse_avx_transition"] = dict(b.info["sse_avx_transition"]) | {
             "families": {f: fam for f, fam in sorted(b.apart.items()) if f in model.rho}}

@@ -103,6 +103,47 @@ def add_chain_forms(model: resmodel.ResourceModel, left: Mapping[str, str],
 DECOMPOSED = {"LEAVE": ("MOV_R64_R64", "POP_R64"), "LEAVE_OPC9": ("MOV_R64_R64", "POP_R64")}
 
 
+def add_flags_chain(model: resmodel.ResourceModel, forms: pd.DataFrame,
+                    singletons: Mapping[str, float], tol: float,
+                    log: Callable[[str], None]) -> dict[str, float]:
+    """The chain through the flags, recorded in the model for its predictions
+    (``provenance.flags_chain``, read by ``resmodel.flags_chain``).
+
+    A form that writes part of the status flags may have to merge its result with the flags
+    before it (``ROL r64, imm8`` writes CF and OF: 0.98 cycles a copy alone on Cascade Lake,
+    0.50 beside ADD), so in a loop of such forms every copy waits for the previous one,
+    unless a form that writes all of them and reads none (``breaks_flags`` in the catalogue:
+    ADD, CMP, ...) runs in between. Palmed's resources cannot say that: a resource the size
+    of the chain slows the kernels that break it, one the size of the ports misses the chain
+    (``ROL_R64_I8*4`` 3.91 cycles measured, 2.21 predicted). So the model keeps both: the
+    resources, and the *links*, forms whose kernel alone is slower than their resources by
+    more than twice the noise, each with its time alone (a link of the chain); a kernel
+    without a breaker takes at least the sum of its links. Which partial writers chain is
+    the host's (INC writes all but CF and runs 4 a cycle alone on Cascade Lake): the
+    measurement decides, the flags only say who may. The chain forms outside Palmed that
+    read and write the flags (ADC, shifts by CL) are links of their measured time.
+    """
+    info = forms.set_index("name")
+    flags = {f: (bool(info.at[f, "writes_flags"]), bool(info.at[f, "breaks_flags"]))
+             for f in model.rho if f in info.index}
+    breakers = sorted(f for f, (_, breaks) in flags.items() if breaks)
+    links: dict[str, float] = {}
+    for f, (writes, breaks) in sorted(flags.items()):
+        if not writes or breaks:
+            continue
+        chain = sum(v for r, v in model.rho[f].items() if r.startswith(resmodel.CHAIN))
+        bound = max((v for r, v in model.rho[f].items() if not r.startswith(resmodel.CHAIN)),
+                    default=0.0)
+        alone = chain if chain > 0 else singletons.get(f, math.nan)
+        if math.isfinite(alone) and alone > bound * (1 + 2 * tol) + 1e-12:
+            links[f] = float(alone)
+    if links:
+        model.provenance["flags_chain"] = {"links": links, "breakers": breakers}
+    log(f"flags chain: {len(links)} links ({', '.join(list(links)[:6])}"
+        f"{' ...' if len(links) > 6 else ''}), {len(breakers)} forms that break it")
+    return links
+
+
 def add_decomposed_forms(model: resmodel.ResourceModel) -> dict[str, str]:
     """Unmeasurable forms of real code (``DECOMPOSED``) whose parts the model holds: their
     uses are the parts' summed, ``provenance.approximate`` says so. Without them a block with

@@ -35,6 +35,10 @@ holds longer than the ports it shares, named after the class's representative
 from what defines it, the forms that saturate it alone (``resource_labels``), so that a
 bottleneck reads as "VADDPD/VPADDD/VMULPS +40: 2 per cycle".
 
+A kernel without a form writing all the flags waits for its partial flags writers one after
+the other (``ROL r64, imm8``): ``provenance.flags_chain`` (``cpumap.model.flagchain``) bounds
+it from below beside the resources, and names the bottleneck ``chain:flags`` where it binds.
+
 This module is on the prediction path of ``cpumap predict`` (bulk: thousands of kernels per
 second, a command that starts in a fraction of a second): it imports nothing heavy at module
 level, and :class:`Predictor` predicts from sparse uses in plain Python.
@@ -54,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from cpumap.isa import transition
 from cpumap.measure.asmgen import interleave, parse_canonical
+from cpumap.model import flagchain
 from cpumap.store.files import write_json_atomic
 
 if TYPE_CHECKING:
@@ -154,6 +159,11 @@ class ResourceModel:
         if not rec.get("penalty"):
             return {}, 0.0
         return dict(rec.get("families") or {}), float(rec.get("cycles_per_switch", 0.0))
+
+    @property
+    def flags_chain(self) -> tuple[dict[str, float], frozenset[str]]:
+        """(links, breakers) of the chain through the flags (``cpumap.model.flagchain``)."""
+        return flagchain.read(self.provenance)
 
     def validate(self) -> None:
         """Raise ValueError on unknown resources, negative or non-finite uses."""
@@ -262,7 +272,7 @@ def predict(model: ResourceModel, kernel: Mapping[str, int] | str) -> tuple[floa
     rho = model.uses_in(k)
     loads = {i: sum(n * rho[f].get(r, 0.0) for f, n in k.items())
              for i, r in enumerate(model.resources)}
-    return _bottleneck(loads, model.resources)
+    return _with_chain(_bottleneck(loads, model.resources), flagchain.cycles(*model.flags_chain, k))
 
 
 #: Loads within this relative distance of the largest tie for the bottleneck.
@@ -276,6 +286,12 @@ def _bottleneck(loads: Mapping[int, float], resources: list[str]) -> tuple[float
     if best <= 0:
         return 0.0, None
     return best, resources[min(i for i, v in loads.items() if v >= best * (1 - TIE))]
+
+
+def _with_chain(bound: tuple[float, str | None], chain: float) -> tuple[float, str | None]:
+    """The resources' bound, or the flags chain where it is longer (a tie goes to the
+    resource)."""
+    return (chain, flagchain.FLAGS) if chain > bound[0] * (1 + TIE) else bound
 
 
 #: A use within this fraction of a form's largest one saturates with it (rounding in files).
@@ -401,7 +417,10 @@ class Predictor:
         self._states = [(trigger, {**self.uses, **{
             f: tuple((index[r], v) for r, v in u.items() if v > 0) for f, u in table.items()}})
             for trigger, table in model.wide_states]
+        self._chain = model.flags_chain
         self.labels = resource_labels(model)
+        if self._chain[0]:
+            self.labels[flagchain.FLAGS] = flagchain.label(self._chain[0])
         self._pairs = _interacting_pairs(model)
         self._approximate = frozenset(model.approximate)
         self._sse_avx = model.sse_avx
@@ -425,7 +444,8 @@ class Predictor:
                 raise KeyError(f"form {form!r} is not in the resource model") from None
             for i, v in uses:
                 load[i] = load.get(i, 0.0) + n * v
-        return _bottleneck(load, self.model.resources)
+        return _with_chain(_bottleneck(load, self.model.resources),
+                           flagchain.cycles(*self._chain, kernel))
 
     def interacting(self, kernel: Iterable[str]) -> bool:
         return _holds_pair(self._pairs, kernel)
