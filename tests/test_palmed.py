@@ -700,6 +700,27 @@ def test_two_states_of_the_mode_each_get_their_uses() -> None:
     assert np.sqrt(np.mean(err(first, cold) ** 2)) > 0.05
 
 
+def test_a_state_of_the_mode_needs_its_probes_apart_twice() -> None:
+    """Cascade Lake, 2026-11-28: ``VMULPD zmm`` came out 2 probes apart from ``VADDPD zmm``
+    once (a neighbour's work) and made a state of its own, which then took the 512-bit store
+    by one noisy probe time. Measured again, the two agree: one state; ``VPERMQ zmm`` stays
+    apart from ``VPADDQ zmm`` because its probes differ both times."""
+    from cpumap.model.palmed.states import _cluster
+
+    ratio = {"VADDZ": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0},
+             "VMULZ": {"a": 1.0, "b": 1.0, "c": 1.35, "d": 1.4},
+             "VPADDZ": {"a": 2.0, "b": 2.0, "c": 2.0, "d": 1.0},
+             "VPERMZ": {"a": 1.5, "b": 1.5, "c": 2.0, "d": 1.0}}
+    cands = list(ratio)
+    assert _cluster(cands, ratio, 0.2) == [["VADDZ"], ["VMULZ"], ["VPADDZ"], ["VPERMZ"]]
+    again = {"VADDZ": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, "VMULZ": {"c": 1.0, "d": 1.02},
+             "VPADDZ": {"a": 2.0, "b": 2.0, "c": 2.0}, "VPERMZ": {"a": 1.55, "b": 1.5}}
+    assert _cluster(cands, ratio, 0.2, again) == [["VADDZ", "VMULZ"], ["VPADDZ"], ["VPERMZ"]]
+    # probes measured once only (their second pairs failed) still count as apart
+    again["VMULZ"] = {}
+    assert _cluster(cands, ratio, 0.2, again) == [["VADDZ"], ["VMULZ"], ["VPADDZ"], ["VPERMZ"]]
+
+
 def test_wide_stage_measures_class_representatives_only() -> None:
     """VSUBX behaves as VADDX everywhere, VORX as VADDX outside the mode only (beside a
     512-bit form it keeps port 5 alone), VSUBZ as VADDZ: the plain classes join each pair,

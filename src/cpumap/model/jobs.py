@@ -345,6 +345,10 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"- forms modelled approximately (dependence chains, on a resource of their own"
              f" sized by their measured cycles; LEAVE as its parts): "
              f"{len(ap := stats.get('approximate', {}))} {sorted(ap)}",
+             "- the flags chain (a kernel without a form writing every flag takes at least "
+             "the sum of these forms' times, in cycles): "
+             + (", ".join(f"{f} {v:.3f}" for f, v in fc.items())
+                if (fc := stats.get("flags_chain")) else "none"),
              f"- forms modelled approximately because their time depends on the code layout "
              f"(measured alone at 1, 24, 56, 40 and 88 copies a kernel instance; no resource "
              f"defined by them; predicted from the singleton, flagged): "

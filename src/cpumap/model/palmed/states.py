@@ -17,8 +17,8 @@ state gets the wide stage's uses of its own (``fit_states``), and a kernel holdi
 two states takes the state that the two carriers together show (``_order``). Once some
 probe is slower, every group of carriers is a state, one whose probes all run as alone
 too: beside a 512-bit FP form the narrow FP forms keep two ports, but share them with it.
-The 512-bit forms that were no carrier join the state whose probe time they match on the
-probe that tells the states apart best (two kernels each).
+The 512-bit forms that were no carrier join the state whose probe times they match best on
+the ``TELL_PROBES`` probes that tell the states apart best (two kernels each).
 
 The probes are also counted per encoding (legacy, VEX/EVEX), and the mode covers only the
 narrow forms of an encoding with a slower probe in some state or too few probes
@@ -49,8 +49,18 @@ from cpumap.model.palmed.wide import (
 #: At most this many candidate carriers, fastest first, are probed with every probe form.
 MAX_STATE_CARRIERS = 8
 #: Two carriers are in different states when at least this many probes (or all their
-#: common probes, if fewer) differ by more than ``MODE_TOLS`` tol: one probe apart is noise.
+#: common probes, if fewer) differ by more than ``MODE_TOLS`` tol in two measurements each
+#: (``probe``): one probe apart is noise, and so is a probe apart once. Cascade Lake,
+#: 2026-11-28, 33 probes: ``VMULPD zmm`` against ``VADDPD zmm`` 2 apart once (``VFMADD231PD
+#: ymm`` 1.73 x against 1.00, ``VMOVSD m64, xmm`` 1.30 against 1.00: a neighbour's work),
+#: which made it a state of its own; ``VPERMQ zmm`` 3 to 7 apart from the other integer
+#: carriers, for real (port 5 alone: ``VADDPD ymm`` 1.57 x beside it, 2.01 beside
+#: ``VPADDQ zmm``).
 STATE_MIN_PROBES = 2
+#: A 512-bit form that was no carrier joins the state whose probe times it is nearest on
+#: this many probes, those that tell the states apart best (two kernels each): one probe
+#: put the 512-bit store in a state of its own by one noisy time.
+TELL_PROBES = 3
 #: An encoding is left out of the mode only if at least this many of its probes, none
 #: slower, say so.
 MODE_CALM_MIN = 4
@@ -88,7 +98,19 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     ratio = {c: {f: t / singletons[f] for f in chosen
                  if (t := time_in_mode(f, pairs[c, f], meas)) is not None} for c in cands}
     slow_at = 1 + MODE_TOLS * cfg.tol
-    clusters = _cluster(cands, ratio, slow_at - 1)
+    # a probe apart between two carriers is measured again, by a pair of kernels of its own
+    # (twice the carrier): a neighbour that slowed one kernel must not make a state
+    again = {(c, f): mode_kernels(f, {c: 2}, singletons, cfg)
+             for a, b in itertools.combinations(cands, 2)
+             for f in _apart_probes(ratio[a], ratio[b], slow_at - 1) for c in (a, b)}
+    need = _missing(again.values(), meas)
+    if need:
+        return need, None
+    confirm: dict[str, dict[str, float]] = {c: {} for c in cands}
+    for (c, f), pair in again.items():
+        if (t := time_in_mode(f, pair, meas)) is not None:
+            confirm[c][f] = t / singletons[f]
+    clusters = _cluster(cands, ratio, slow_at - 1, confirm)
     slower = {f for cl in clusters for f, v in ratio[cl[0]].items() if v > slow_at}
     first = ratio[z0]
     record.update(carrier=z0, carriers=len(cands), probes=len(first),
@@ -106,13 +128,13 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     if not slower:
         record["reason"] = "no probe slower beside a carrier than alone"
         return [], record
-    # the probe that tells the states apart best: the largest smallest gap between them
+    # the probes that tell the states apart best: the largest smallest gaps between them
     reps = [cl[0] for cl in clusters]
     common = sorted(set.intersection(*(set(ratio[c]) for c in reps)))
-    tell = max(common, key=lambda f: (min((abs(ratio[a][f] - ratio[b][f]) for a, b
-                                           in itertools.combinations(reps, 2)),
-                                          default=0.0), f), default=None)
-    others = [w for w in wide if w not in cands] if len(clusters) > 1 and tell else []
+    tells = sorted(common, key=lambda f: (-min((abs(ratio[a][f] - ratio[b][f]) for a, b
+                                                in itertools.combinations(reps, 2)),
+                                               default=0.0), f))[:TELL_PROBES]
+    others = [w for w in wide if w not in cands] if len(clusters) > 1 and tells else []
     # every cluster is a state once the mode is seen, one with no probe slower too: beside
     # Cascade Lake's 512-bit FP forms no narrow form runs slower alone (port 5 takes the FP
     # μops port 1 gave up), but they and the narrow FP forms share two ports, not three
@@ -121,16 +143,17 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     joint = {(a[0], b[0]): mode_kernels(_apart(a[0], b[0], ratio), {a[0]: 1, b[0]: 1},
                                         singletons, cfg)
              for a, b in itertools.combinations(clusters, 2)}
-    assign = {w: mode_kernels(tell, w, singletons, cfg) for w in others} if tell else {}
+    assign = {(w, f): mode_kernels(f, w, singletons, cfg) for w in others for f in tells}
     need = _missing([*joint.values(), *assign.values()], meas)
     if need:
         return need, None
     member = {c: k for k, cl in enumerate(clusters) for c in cl}
-    for w, pair in assign.items():
-        t = time_in_mode(tell, pair, meas) if tell else None
-        if t is not None:
-            member[w] = min(range(len(clusters)), key=lambda k: abs(
-                t / singletons[tell] - ratio[clusters[k][0]][tell]))
+    for w in others:
+        seen = {f: t / singletons[f] for f in tells
+                if (t := time_in_mode(f, assign[w, f], meas)) is not None}
+        if seen:
+            member[w] = min(range(len(clusters)), key=lambda k: sum(
+                abs(v - ratio[clusters[k][0]][f]) for f, v in seen.items()))
     # the others (one cluster, no probe to tell the states apart, kernels that failed): the
     # first cluster's, as a single mode would take them
     member = dict.fromkeys(wide, 0) | member
@@ -148,24 +171,32 @@ def _missing(pairs: Any, meas: Measurements) -> list[str]:
     return sorted({_text(k) for pair in pairs for k in pair} - set(meas))
 
 
-def _cluster(cands: Sequence[str], ratio: Mapping[str, Mapping[str, float]],
-             tol: float) -> list[list[str]]:
+def _cluster(cands: Sequence[str], ratio: Mapping[str, Mapping[str, float]], tol: float,
+             confirm: Mapping[str, Mapping[str, float]] | None = None) -> list[list[str]]:
     """The candidates grouped, in order, with the first cluster whose first member's probes
     theirs match: fewer than ``STATE_MIN_PROBES`` (or than all common ones) apart by more
-    than ``tol`` of the larger."""
+    than ``tol`` of the larger, in ``ratio`` and, where measured again, in ``confirm``."""
+    again = confirm or {}
     out: list[list[str]] = []
     for c in cands:
         for cl in out:
-            common = set(ratio[c]) & set(ratio[cl[0]])
-            apart = sum(abs(ratio[c][f] - ratio[cl[0]][f]) > tol * max(ratio[c][f],
-                                                                         ratio[cl[0]][f])
-                        for f in common)
+            rep = cl[0]
+            first = _apart_probes(ratio[c], ratio[rep], tol)
+            second = set(_apart_probes(again.get(c, {}), again.get(rep, {}), tol))
+            apart = sum(f in second or f not in again.get(c, {}) or f not in again.get(rep, {})
+                        for f in first)
+            common = set(ratio[c]) & set(ratio[rep])
             if apart < min(STATE_MIN_PROBES, max(len(common), 1)):
                 cl.append(c)
                 break
         else:
             out.append([c])
     return out
+
+
+def _apart_probes(a: Mapping[str, float], b: Mapping[str, float], tol: float) -> list[str]:
+    """The probes two carriers' times differ on by more than ``tol`` of the larger."""
+    return sorted(f for f in set(a) & set(b) if abs(a[f] - b[f]) > tol * max(a[f], b[f]))
 
 
 def _apart(a: str, b: str, ratio: Mapping[str, Mapping[str, float]]) -> str:
