@@ -563,8 +563,9 @@ def test_joint_refit_cutting_plane_gives_the_full_lp(tmp_path, monkeypatch) -> N
 
 def _own_resources(model: resmodel.ResourceModel, sim: SimulatedMachine) -> int:
     """Checks the resources of their own of a noisy build and returns how many: each used by
-    one behaviour class (plain or wide uses), the bottleneck of its plain forms alone, at
-    their singletons."""
+    one behaviour class (plain or wide uses; the simulated cores have no two classes on one
+    unit of their own for ``refit._one_unit`` to join), the bottleneck of its plain forms
+    alone, at their singletons."""
     classes = model.provenance["behaviour_classes"]
     owned = [r for r in model.resources if r.startswith(resmodel.OWN)]
     for r in owned:
@@ -836,6 +837,28 @@ def test_a_resource_of_its_own_is_no_longer_than_the_mixes_allow() -> None:
     assert palmed.refit._owned(rho, sorted(rho), singletons, 0.05, meas) == {
         "ROL": 0.51, "DIV": 7.0}
     assert palmed.refit._owned(rho, sorted(rho), singletons, 0.05) == {"ROL": 0.98, "DIV": 7.0}
+
+
+def test_forms_whose_mixes_take_the_sum_of_their_own_units_share_one() -> None:
+    """``refit._one_unit``: VDIVPD ymm (8 cycles) and VSQRTPD ymm (12) on one divider, their
+    kernels together the sum (Cascade Lake: 32.0 cycles with one VDIVPD and two VSQRTPD);
+    IMUL's unit is its own (its kernels with SQRT take the larger). A pair only one kernel
+    tells apart stays two units, as does one its kernels side with both ways. Units are
+    classes': a member (SQRT2, of SQRT's class) votes for its class's unit."""
+    rho = {"DIV": {0: 1.0}, "SQRT": {0: 1.0}, "IMUL": {1: 1.0}, "ADD": {1: 0.25}}
+    own = {"DIV": ("DIV", 8.0), "SQRT": ("SQRT", 12.0), "SQRT2": ("SQRT", 12.0),
+           "IMUL": ("IMUL", 1.0)}
+    meas = {"DIV SQRT": 20.1, "DIV SQRT2*2": 32.0, "ADD*4 DIV SQRT": 19.8, "IMUL*8 SQRT": 12.1,
+            "IMUL*9 SQRT ADD": 12.2, "DIV IMUL*9": 9.1, "ADD DIV": 8.0, "SQRT SQRT2": 24.0}
+    assert palmed.refit._one_unit(rho, own, meas, 0.05) == {"SQRT": "DIV"}
+    # fewer than ONE_UNIT_MIN kernels, or not ONE_UNIT_RATIO times as many: two units
+    assert palmed.refit._one_unit(rho, own, {"DIV SQRT": 20.1}, 0.05) == {}
+    split = {"DIV SQRT": 20.1, "DIV SQRT*2": 32.0, "ADD*4 DIV SQRT": 12.2}
+    assert palmed.refit._one_unit(rho, own, split, 0.05) == {}
+    # three units, two pairs of them one: one resource
+    own3 = own | {"RCP": ("RCP", 4.0)}
+    meas3 = meas | {"RCP SQRT": 16.0, "RCP*2 SQRT": 20.2}
+    assert palmed.refit._one_unit(rho, own3, meas3, 0.05) == {"SQRT": "DIV", "RCP": "DIV"}
 
 
 def test_wide_uses_are_raised_to_the_forms_own_time() -> None:

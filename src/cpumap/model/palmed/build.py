@@ -1,10 +1,9 @@
 """Palmed's stages as resumable steps whose state is a JSON file (one pipeline job each).
 
 ``cpumap.model.palmed`` holds the algorithm, stage by stage; this module strings the stages
-together.
-``build_model`` runs them all in one process (tests, the simulated-machine benchmarks); the
-pipeline runs each as its own Snakemake job, the two large planned stages as checkpoints whose
-kernels are measured by parallel batch jobs (workflow/rules/model.smk):
+together. ``build_model`` runs them all in one process (tests, the simulated-machine
+benchmarks); the pipeline runs each as its own Snakemake job, the two large planned stages as
+checkpoints whose kernels are measured by parallel batch jobs (workflow/rules/model.smk):
 
 ==========  ==========================================  =====================================
 stage       what it does                                pipeline job
@@ -57,6 +56,7 @@ from cpumap.model.palmed.kernels import (
 )
 from cpumap.model.palmed.layout import layout_from_json, layout_json, layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
+from cpumap.model.palmed.refit import _one_unit
 from cpumap.model.palmed.remaining import fit_remaining
 from cpumap.model.palmed.states import fit_states, mode_widths, probe
 from cpumap.model.palmed.training import training_kernels
@@ -323,6 +323,11 @@ class Build:
 
         core, basic, singletons = self.core, self.basic, self.singletons
         modal = self.wide_mode.get("observed")  # the 512-bit mode's kernels: not singletons'
+        # classes whose resources of their own are one unit (the divider's) share the first's
+        # (not by the probe's kernels in the 512-bit mode: the plain uses do not hold there)
+        unit = _one_unit(rho_idx, own, {t: m for t, m in self.meas.items() if not (
+            modal and transition.mixes_512(parse_canonical(t), self.widths))}, self.config.tol)
+        own = {f: (unit.get(rep, rep), v) for f, (rep, v) in own.items()}  # (unit, use)
         odd = non_additive(singletons, self.meas, self.config.tol, (lambda k: transition.mixes_512(
             k, self.widths)) if modal else None, classes=behaviour)
         names = [f"R{r:02d}" for r in range(len(defining))]
@@ -360,7 +365,7 @@ class Build:
         stats = {"kernels": dict(self.counts), "total_kernels": sum(self.counts.values()),
                  "measure_rounds": dict(self.calls), "n_forms": len(self.forms),
                  "failed_kernels": len(self.failed), "failed_singletons": self.dropped,
-                 "kernels_kept_apart": len(self.avoided),
+                 "kernels_kept_apart": len(self.avoided), "one_unit": dict(sorted(unit.items())),
                  "n_pair_forms": len(self.candidates), "lp": dict(self.lp),
                  "wall_seconds": dict(self.wall), "n_resources": len(names),
                  "n_core_resources": core.n_resources, "n_basic": len(basic.basic),
@@ -421,13 +426,14 @@ class Build:
                             lambda need: self.run("wide", need, measure, log), log, st)
         rep_of = {m: rep for rep, members in model.provenance.get("behaviour_classes", {}).items()
                   for m in members}
+        unit = {f: r for f, u in model.rho.items() for r in u if r.startswith(OWN)}  # plain
         states = [{"trigger": trigger,
                    "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
-                           | ({OWN + rep_of.get(f, f): own[f]} if f in own else {})
+                           | ({unit.get(f, OWN + rep_of.get(f, f)): own[f]} if f in own else {})
                            for f, u in sorted(uses.items())}} for trigger, uses, own in fitted]
         model.wide = states[0] | ({"next": states[1:]} if states[1:] else {})
         model.resources = shared + sorted({*(r for r in model.resources if private(r)),
-                                           *(OWN + rep_of.get(f, f)
+                                           *(unit.get(f, OWN + rep_of.get(f, f))
                                              for _, _, own in fitted for f in own)})
         model.provenance["wide"]["kernels"] = self.counts.get("wide", 0)
         model.provenance["kernels"] = dict(self.counts)
