@@ -84,6 +84,23 @@ def test_partial_flags_writers_chain_unless_a_form_writing_every_flag_runs_besid
         for got in (resmodel.predict(model, kernel), fast.predict(kernel)):
             assert math.isclose(got[0], want[0]) and got[1] == want[1], (kernel, got)
     assert fast.labels["chain:flags"].startswith("flags chain of ADC/ROL")
+    # the report and mapping.tsv name it where it limits a form alone (ROL; ADC ties with its
+    # chain resource, which wins the tie)
+    from cpumap.model import jobs
+
+    lines = jobs.resource_table(model)
+    assert any(x.startswith("| chain:flags | flags chain of ADC/ROL") and x.endswith("| 2 | 1 |")
+               for x in lines), lines
+    table = model.table().set_index("form")
+    assert table.at["ROL_R64_I8", "bottleneck"] == "chain:flags"
+    assert table.at["ROL_R64_I8", "cycles"] == pytest.approx(0.98)
+    assert table.at["ROL_R64_I8", "bottleneck_label"].startswith("flags chain")
+    nan = {"kernels": 0, "rms_rel_error_ipc": math.nan, "mape_ipc": math.nan,
+           "kendall_tau": math.nan}
+    report = jobs.validation_report(nan, {"flags_chain": links}, "m", 0, model=model)
+    assert "| chain:flags |" in report
+    assert "the sum of these forms' times, in cycles): ADC_R64_R64 1.000, ROL_R64_I8 0.980" \
+        in report
     # the model file keeps the chain
     again = resmodel.ResourceModel.from_dict(model.to_dict())
     assert resmodel.predict(again, {"ROL_R64_I8": 4})[1] == "chain:flags"

@@ -23,7 +23,7 @@ import pandas as pd
 from cpumap.isa import transition
 from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
-from cpumap.model import resmodel, validation
+from cpumap.model import flagchain, resmodel, validation
 from cpumap.model.outside import (
     add_chain_forms,
     add_decomposed_forms,
@@ -462,13 +462,16 @@ def resource_table(model: resmodel.ResourceModel) -> list[str]:
         for r in model.rho[form]:
             users[r] = users.get(r, 0) + 1
         _, bottleneck = resmodel.predict(model, {form: 1})
-        if bottleneck is not None:
-            limited[bottleneck] += 1
+        if bottleneck is not None:  # chain:flags is no resource (``flagchain``)
+            limited[bottleneck] = limited.get(bottleneck, 0) + 1
     lines = ["## Resources", "",
              "| resource | label | forms using it | forms it limits alone |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {r} | {labels[r]} | {users[r]} | {limited[r]} |" for r in model.resources
               if not resmodel.private(r)]
+    if links := model.flags_chain[0]:
+        lines.append(f"| {flagchain.FLAGS} | {labels[flagchain.FLAGS]} | {len(links)} | "
+                     f"{limited.get(flagchain.FLAGS, 0)} |")
     for prefix, what in ((resmodel.OWN, "a class's own unit, as long as its singleton"),
                          (resmodel.CHAIN, "a dependence chain's measured cycles")):
         kind = [r for r in model.resources if r.startswith(prefix)]

@@ -363,6 +363,8 @@ def resource_labels(model: ResourceModel) -> dict[str, str]:
             labels[r] = f"shared by {len(users[r])} forms, most {_names(names, distinct)}"
         else:
             labels[r] = "unused"
+    if links := model.flags_chain[0]:  # not a resource, but a bottleneck predictions name
+        labels[flagchain.FLAGS] = flagchain.label(links)
     return labels
 
 
@@ -419,8 +421,6 @@ class Predictor:
             for trigger, table in model.wide_states]
         self._chain = model.flags_chain
         self.labels = resource_labels(model)
-        if self._chain[0]:
-            self.labels[flagchain.FLAGS] = flagchain.label(self._chain[0])
         self._pairs = _interacting_pairs(model)
         self._approximate = frozenset(model.approximate)
         self._sse_avx = model.sse_avx
