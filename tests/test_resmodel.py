@@ -115,6 +115,18 @@ def test_resource_labels_name_the_forms_that_saturate_a_resource_alone() -> None
     assert list(wide.table().bottleneck_label) == ["ADD/MULX/SUB: 2-4 per cycle"] * 4
 
 
+def test_a_resource_only_the_512_bit_mode_uses_is_labelled_from_its_uses_there() -> None:
+    """The joint refit can leave a plain resource to the wide uses alone: its label comes
+    from the first state that uses it, and says so; one no table uses stays "unused"."""
+    model = ResourceModel(
+        resources=["p01", "p0", "idle"], rho={"ADDPD": {"p01": 0.5}, "VADDZ": {"p01": 1.0}},
+        wide={"trigger": ["VADDZ"], "rho": {"ADDPD": {"p0": 1.0}},
+              "next": [{"trigger": [], "rho": {"ADDPD": {"p01": 0.5}}}]})
+    labels = resmodel.resource_labels(model)
+    assert labels == {"p01": "ADDPD/VADDZ: 1-2 per cycle",
+                      "p0": "ADDPD: 1 per cycle (beside 512-bit forms)", "idle": "unused"}
+
+
 def test_resource_labels_leave_out_forms_that_use_every_resource() -> None:
     """A serialising form (its whole time on every resource: a fence) names no resource, even
     where it is the slowest user; a resource of one form's own does not count."""

@@ -46,10 +46,8 @@ level, and :class:`Predictor` predicts from sparse uses in plain Python.
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -59,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from cpumap.isa import transition
 from cpumap.measure.asmgen import interleave, parse_canonical
 from cpumap.model import flagchain
+from cpumap.model.labels import CHAIN, OWN, mnemonic, private, resource_labels
 from cpumap.store.files import write_json_atomic
 
 if TYPE_CHECKING:
@@ -85,16 +84,6 @@ FORMAT = "cpumap-resource-model"
 VERSION = 1
 #: Decimals kept in files: far below measurement noise, and stable across rebuilds.
 DIGITS = 9
-#: Name prefixes of the resources of one form or class alone (see the module's docstring).
-CHAIN = "chain:"
-OWN = "own:"
-
-
-def private(resource: str) -> bool:
-    """Whether a resource belongs to one form or class alone (a chain's or a class's own)."""
-    return resource.startswith((CHAIN, OWN))
-
-
 @dataclass
 class ResourceModel:
     """Resources, each form's use of them, and how the model was obtained."""
@@ -292,100 +281,6 @@ def _with_chain(bound: tuple[float, str | None], chain: float) -> tuple[float, s
     """The resources' bound, or the flags chain where it is longer (a tie goes to the
     resource)."""
     return (chain, flagchain.FLAGS) if chain > bound[0] * (1 + TIE) else bound
-
-
-#: A use within this fraction of a form's largest one saturates with it (rounding in files).
-_SATURATES = 1e-6
-#: Mnemonics named in a label; the rest are counted.
-_LABEL_NAMES = 4
-
-
-def mnemonic(form: str) -> str:
-    """The instruction of a form name (``VADDPD_YMM_YMM_YMM`` -> ``VADDPD``)."""
-    return form.split("_", 1)[0]
-
-
-def resource_labels(model: ResourceModel) -> dict[str, str]:
-    """A readable label per resource, derived from the forms that define it.
-
-    A form *saturates* resource r alone when r is its bottleneck (its use of r is its largest):
-    a kernel of only that form runs at 1/use instances per cycle, limited by r. The label names
-    the instructions (mnemonics, most forms first) that saturate r alone and their rates alone
-    (one figure, or the range when they differ: multi-μop forms take more of r per
-    instance): "ADD/SUB/XOR +9: 4 per cycle". A resource no form saturates alone (found
-    from combinations only, e.g. a front-end limit) names the forms using the most of it:
-    "shared by 38 forms, most VMOVUPD/VFMADD231PS". Deterministic: ties by name.
-
-    Forms that take their whole time on every resource at once (the serialising forms of
-    ``palmed.refit``: fences, LSL, RDSEED) name no resource: they would otherwise head every
-    label and stretch every range (seen on the native full model: 20 of 24 labels
-    "LFENCE/MFENCE/LAR/LSL +N: 0.000893-2 per cycle").
-    """
-    alone: dict[str, list[tuple[float, str]]] = {r: [] for r in model.resources}
-    users: dict[str, list[tuple[float, str]]] = {r: [] for r in model.resources}
-    mn = {form: mnemonic(form) for form in model.rho}
-    # resources of one form or class (``private``) do not count towards "every resource"
-    n_users = Counter(r for uses in model.rho.values() for r in uses)
-    shared = sum(1 for r in model.resources if n_users[r] > 1 and not private(r))
-    for form in sorted(model.rho):
-        uses = model.rho[form]
-        top = max(uses.values(), default=0.0)
-        if _everywhere(uses, top, shared):
-            continue
-        for r, v in uses.items():
-            if v <= 0 or r not in alone:
-                continue
-            users[r].append((v, form))
-            if v >= top * (1 - _SATURATES):
-                alone[r].append((v, form))
-    labels = {}
-    for r in model.resources:
-        if alone[r]:
-            count: dict[str, int] = {}
-            for _, form in alone[r]:
-                count[mn[form]] = count.get(mn[form], 0) + 1
-            names = sorted(count, key=lambda m: (-count[m], m))
-            fast, slow = 1.0 / min(v for v, _ in alone[r]), 1.0 / max(v for v, _ in alone[r])
-            rate = f"{fast:.3g}" if f"{fast:.3g}" == f"{slow:.3g}" else f"{slow:.3g}-{fast:.3g}"
-            labels[r] = f"{_names(names, len(names))}: {rate} per cycle"
-        elif users[r]:
-            # the heaviest users' instructions first (a partial sort: a resource of a big
-            # model has thousands of users)
-            distinct = len({mn[f] for _, f in users[r]})
-            names: list[str] = []
-            for head in (64, len(users[r])):  # the first 64 users almost always suffice
-                names = []
-                for _, f in heapq.nsmallest(head, users[r], key=lambda t: (-t[0], t[1])):
-                    if mn[f] not in names:
-                        names.append(mn[f])
-                if len(names) >= min(_LABEL_NAMES, distinct):
-                    break
-            labels[r] = f"shared by {len(users[r])} forms, most {_names(names, distinct)}"
-        else:
-            labels[r] = "unused"
-    if links := model.flags_chain[0]:  # not a resource, but a bottleneck predictions name
-        labels[flagchain.FLAGS] = flagchain.label(links)
-    return labels
-
-
-#: A form at its largest use on at least this many resources (and half of them) uses them all
-#: for its own time: a serialising form, which names no resource.
-_EVERYWHERE = 3
-
-
-def _everywhere(uses: Mapping[str, float], top: float, n_res: int) -> bool:
-    """Whether a form is at its largest use on (nearly) every shared resource."""
-    if top <= 0:
-        return False
-    at_top = sum(1 for v in uses.values() if v >= top * (1 - _SATURATES))
-    return at_top >= max(_EVERYWHERE, n_res // 2)
-
-
-def _names(names: list[str], distinct: int) -> str:
-    """The first names and how many distinct ones are left out."""
-    text = "/".join(names[:_LABEL_NAMES])
-    left = distinct - min(len(names), _LABEL_NAMES)
-    return text + (f" +{left}" if left > 0 else "")
 
 
 def interacting(model: ResourceModel, kernel: Iterable[str]) -> bool:
