@@ -31,9 +31,10 @@ Resources of one form or one class alone are named by what holds them: ``chain:F
 dependence chain's (``cpumap.model.outside``), and ``own:FORM``, a unit a class of alike forms
 holds longer than the ports it shares, named after the class's representative
 (``cpumap.model.palmed.refit._owned``). The others are found by Palmed, not named by anyone:
-``R14`` says nothing. Each gets a label
-from what defines it, the forms that saturate it alone (``resource_labels``), so that a
-bottleneck reads as "VADDPD/VPADDD/VMULPS +40: 2 per cycle".
+``R14`` says nothing. Each gets a label from what defines it, the forms that saturate it
+alone (``cpumap.model.labels.resource_labels``, re-exported here), so that a bottleneck
+reads as "VADDPD/VPADDD/VMULPS +40: 2 per cycle"; a unit two classes hold together
+(``refit._one_unit``: the divider) is named after the first.
 
 A kernel without a form writing all the flags waits for its partial flags writers one after
 the other (``ROL r64, imm8``): ``provenance.flags_chain`` (``cpumap.model.flagchain``) bounds
