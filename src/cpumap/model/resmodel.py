@@ -152,8 +152,14 @@ class ResourceModel:
 
     @property
     def flags_chain(self) -> tuple[dict[str, float], frozenset[str]]:
-        """(links, breakers) of the chain through the flags (``cpumap.model.flagchain``)."""
-        return flagchain.read(self.provenance)
+        """(links, breakers) of the chain through the flags (``cpumap.model.flagchain``), read
+        again only when the provenance gets a new record (``predict`` asks on every kernel,
+        and a full profile has thousands of breakers)."""
+        rec = self.provenance.get("flags_chain")
+        memo = self.__dict__.get("_chain_memo")
+        if memo is None or memo[0] is not rec:
+            memo = self.__dict__["_chain_memo"] = (rec, flagchain.read(self.provenance))
+        return memo[1]
 
     def validate(self) -> None:
         """Raise ValueError on unknown resources, negative or non-finite uses."""

@@ -187,6 +187,7 @@ def _one_unit(rho: Mapping[str, Mapping[int, float]], own: Mapping[str, tuple[st
     most 8 to 6 (``ROL r64, imm8`` and ``VPERMQ zmm``: ROL's flags chain), most with more
     kernels for two units (``ANDN``/``POPCNT`` 4 to 145)."""
     votes: dict[tuple[str, str], list[int]] = {}
+    n_res = 1 + max((r for uses in rho.values() for r in uses), default=-1)
     for text, m in meas.items():
         if not (m > 0 and math.isfinite(m)) or " " not in text:
             continue
@@ -197,11 +198,7 @@ def _one_unit(rho: Mapping[str, Mapping[int, float]], own: Mapping[str, tuple[st
                 alone[own[f][0]] = alone.get(own[f][0], 0.0) + n * own[f][1]
         if len(alone) < 2:
             continue
-        loads: dict[int, float] = {}
-        for f, n in k.items():
-            for r, v in rho.get(f, {}).items():
-                loads[r] = loads.get(r, 0.0) + n * v
-        shared = max(loads.values(), default=0.0)
+        shared = float(_predict(rho, n_res, k).max(initial=0.0))
         for a, b in combinations(sorted(alone), 2):
             rest = max((v for u, v in alone.items() if u not in (a, b)), default=0.0)
             apart = max(shared, rest, alone[a], alone[b])
