@@ -369,6 +369,13 @@ def breaks_flags(instr: Instruction) -> bool:
 _SHIFTS = frozenset({"SHL", "SHR", "SAL", "SAR", "ROL", "ROR", "RCL", "RCR", "SHLD", "SHRD"})
 
 
+def shifts_by_cl(name: str) -> bool:
+    """Whether a catalogue form shifts or rotates by CL: a count of 0 leaves the flags as
+    they were, so its flags output depends on its flags input although iced-x86 lists no
+    flags read (``breaks_flags``; the model keeps such forms out of Palmed as chains)."""
+    return name.split("_", 1)[0] in _SHIFTS and name.endswith("_CL")
+
+
 def instantiate(spec: FormSpec, regs: list[str | None], displ: int, imm: int = 1,
                 base: str = MEM_BASE) -> Instruction:
     """Concrete instruction of a form: registers by name per operand (None for non-registers)."""

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 
 import pandas as pd
 
-from cpumap.isa import transition
+from cpumap.isa import transition, x86
 from cpumap.model import resmodel
 
 
@@ -50,7 +49,7 @@ def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[st
             left[n] = f"reads and writes {'/'.join(fixed)}, a fixed operand (dependence chain)"
         elif bool(row.reads_flags) and bool(row.writes_flags):
             left[n] = "reads and writes the flags (dependence chain)"
-        elif _COUNTED_SHIFT.match(n):
+        elif x86.shifts_by_cl(n):
             # a count of 0 leaves the flags unchanged, so the flags output depends on the flags
             # input (iced-x86 lists no flags read): a chain through the flags, and CMOVcc after
             # it measured 125x slower than both forms in sequence on Zen 4
@@ -58,9 +57,6 @@ def modelable(forms: pd.DataFrame, names: list[str]) -> tuple[list[str], dict[st
         else:
             kept.append(n)
     return kept, left
-
-
-_COUNTED_SHIFT = re.compile(r"^(SHL|SHR|SAL|SAR|ROL|ROR|SHLD|SHRD)_.*_CL$")
 
 
 #: The end of ``modelable``'s reason for a form whose kernels are latency-bound chains.
