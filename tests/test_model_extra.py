@@ -235,6 +235,44 @@ def test_validation_reports_kernels_mixing_512_bit_and_narrower_vector_forms(cat
     assert "512-bit vector form beside narrower" in jobs.validation_report(metrics, {}, "m", 7)
 
 
+def test_validation_reports_kernels_mixing_legacy_sse_and_avx_forms(catalogue_df):
+    """A held-out kernel with a legacy-SSE form beside a 256-bit AVX form is reported apart
+    too (``mixes_sse_avx``): on the Cascade Lake guest the AVX forms leave the upper halves
+    dirty and the SSE forms merge into them, which no resource says (``MOVSD_XMM_M64*4
+    VCVTDQ2PD_YMM_XMM*2`` 2.92 cycles measured, 2.06 predicted). A 512-bit form beside
+    an xmm one is the other report's, and a scalar form neither's."""
+    from cpumap.isa import transition
+    from cpumap.measure.asmgen import canonical, parse_canonical
+    from cpumap.model import jobs, resmodel
+    fams = transition.families(catalogue_df)
+    assert fams["ADDPD_XMM_XMM"] == transition.SSE
+    assert fams["VSHUFPD_YMM_YMM_YMM_I8"] == transition.AVX
+    assert "VADDPD_XMM_XMM_XMM" not in fams and "ADD_R64_R64" not in fams
+    forms = ["ADDPD_XMM_XMM", "VSHUFPD_YMM_YMM_YMM_I8", "ADD_R64_R64"]
+    model = resmodel.ResourceModel(resources=["P0", "P5"], rho={
+        "ADDPD_XMM_XMM": {"P0": 0.5}, "VSHUFPD_YMM_YMM_YMM_I8": {"P5": 1.0},
+        "ADD_R64_R64": {"P0": 0.25, "P5": 0.25}})
+
+    class Fake:
+        """Measures what the model predicts, 1.5x slower for both families together."""
+        def __init__(self):
+            self.forms = catalogue_df
+
+        def measure(self, kernels, stage):
+            return {canonical(k): resmodel.predict(model, k)[0]
+                    * (1.5 if transition.mixes(k, fams) else 1.0)
+                    for k in map(parse_canonical, kernels)}
+
+    table, metrics = jobs.run_validation(model, forms, Fake(), 7, seed=3)
+    mixed = metrics["mixing_sse_avx"]
+    assert mixed["with"]["kernels"] == int(table.mixes_sse_avx.sum()) >= 1
+    assert mixed["without"]["kernels"] == len(table) - mixed["with"]["kernels"]
+    assert math.isclose(mixed["with"]["rms_rel_error_ipc"], 0.5)  # predicted IPC 1.5 x
+    assert mixed["without"]["rms_rel_error_ipc"] == 0.0
+    assert "mixing_512_bit" not in metrics and not table.mixes_512.any()
+    assert "legacy-SSE form beside a 256-bit" in jobs.validation_report(metrics, {}, "m", 7)
+
+
 def test_forms_whose_kernels_are_chains_are_left_out_with_their_reason(catalogue_df):
     """The catalogue's own operand facts decide: a fixed register read and written
     (the accumulator forms, XCHG with EAX) chains every kernel, as do implicit registers

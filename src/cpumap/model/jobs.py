@@ -256,12 +256,15 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
     catalogue = getattr(measurer, "forms", None)
     table = validation.validate(model, kernels,
                               lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"),
-                              transition.vector_lengths(catalogue) if catalogue is not None
-                              else None)
+                              *((transition.vector_lengths(catalogue),
+                                 transition.families(catalogue)) if catalogue is not None
+                                else ()))
     metrics = validation.metrics(table)
-    if table.mixes_512.any():  # beside the whole set, as the interacting pairs below
-        metrics["mixing_512_bit"] = {"with": validation.metrics(table[table.mixes_512]),
-                                     "without": validation.metrics(table[~table.mixes_512])}
+    # beside the whole set, as the interacting pairs below
+    for column, key in (("mixes_512", "mixing_512_bit"), ("mixes_sse_avx", "mixing_sse_avx")):
+        if table[column].any():
+            metrics[key] = {"with": validation.metrics(table[table[column]]),
+                            "without": validation.metrics(table[~table[column]])}
     # beside (never instead of) the whole set: the kernels without an interacting pair, the
     # part a resource model can describe; the rest are flagged in validation.tsv
     metrics["without_interacting"] = validation.metrics(table[~table.interacting])
@@ -413,6 +416,16 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
         lines += [f"Kernels holding a 512-bit vector form beside narrower vector forms "
                   f"(`mixes_512` in validation.tsv; the host's 512-bit mode: docs/model.md; "
                   f"{how}): {w['kernels']}, RMS relative error of IPC "
+                  f"{fmt(w['rms_rel_error_ipc'])}, Kendall's tau {fmt(w['kendall_tau'])}; "
+                  f"the {o['kernels']} others: {fmt(o['rms_rel_error_ipc'])}, "
+                  f"tau {fmt(o['kendall_tau'])}.", ""]
+    sse = metrics.get("mixing_sse_avx")
+    if sse is not None:
+        w, o = sse["with"], sse["without"]
+        lines += [f"Kernels holding a legacy-SSE form beside a 256-bit or wider AVX form "
+                  f"(`mixes_sse_avx` in validation.tsv; the AVX forms leave the upper halves "
+                  f"of the vector registers dirty, which no resource of the model says: "
+                  f"docs/model.md): {w['kernels']}, RMS relative error of IPC "
                   f"{fmt(w['rms_rel_error_ipc'])}, Kendall's tau {fmt(w['kendall_tau'])}; "
                   f"the {o['kernels']} others: {fmt(o['rms_rel_error_ipc'])}, "
                   f"tau {fmt(o['kendall_tau'])}.", ""]

@@ -73,8 +73,13 @@ def metrics(table: pd.DataFrame) -> dict[str, Any]:
 
 def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
              measure: Callable[[list[str]], Mapping[str, float]],
-             widths: Mapping[str, int] | None = None) -> pd.DataFrame:
-    """Measured and predicted cycles and IPC of each kernel (failed measurements: NaN)."""
+             widths: Mapping[str, int] | None = None,
+             fams: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Measured and predicted cycles and IPC of each kernel (failed measurements: NaN), and
+    which kernels hold a 512-bit vector form beside narrower ones (``mixes_512``, from
+    ``widths``: ``transition.vector_lengths``) or a legacy-SSE form beside a 256-bit or wider
+    AVX one (``mixes_sse_avx``, from ``fams``: ``transition.families``): the two kinds of
+    kernel whose forms run otherwise together than apart on an Intel core."""
     measured = measure(list(kernels))
     rows = []
     for text in kernels:
@@ -86,6 +91,7 @@ def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
                      "cycles_predicted": pred, "bottleneck": bottleneck,
                      "interacting": resmodel.interacting(model, k),
                      "mixes_512": transition.mixes_512(k, widths or {}),
+                     "mixes_sse_avx": transition.mixes(k, fams or {}),
                      "ipc_measured": n / meas if meas and meas > 0 else math.nan,
                      "ipc_predicted": n / pred if pred > 0 else math.nan})
     return pd.DataFrame(rows)
