@@ -243,6 +243,7 @@ def test_validation_reports_kernels_mixing_legacy_sse_and_avx_forms(catalogue_df
     an xmm one is the other report's, and a scalar form neither's."""
     from cpumap.isa import transition
     from cpumap.measure.asmgen import canonical, parse_canonical
+    from cpumap.measure.settings import BenchSettings
     from cpumap.model import jobs, resmodel
     fams = transition.families(catalogue_df)
     assert fams["ADDPD_XMM_XMM"] == transition.SSE
@@ -254,9 +255,15 @@ def test_validation_reports_kernels_mixing_legacy_sse_and_avx_forms(catalogue_df
         "ADD_R64_R64": {"P0": 0.25, "P5": 0.25}})
 
     class Fake:
-        """Measures what the model predicts, 1.5x slower for both families together."""
+        """Measures what the model predicts, 1.5x slower for both families together; the
+        first kernel's rounds 10 % apart, the others' agreeing."""
+        bench = BenchSettings()
+
         def __init__(self):
             self.forms = catalogue_df
+
+        def uncertainty(self, kernels):
+            return {k: 0.1 if i == 0 else 0.0 for i, k in enumerate(kernels)}
 
         def measure(self, kernels, stage):
             return {canonical(k): resmodel.predict(model, k)[0]
@@ -270,7 +277,12 @@ def test_validation_reports_kernels_mixing_legacy_sse_and_avx_forms(catalogue_df
     assert math.isclose(mixed["with"]["rms_rel_error_ipc"], 0.5)  # predicted IPC 1.5 x
     assert mixed["without"]["rms_rel_error_ipc"] == 0.0
     assert "mixing_512_bit" not in metrics and not table.mixes_512.any()
-    assert "legacy-SSE form beside a 256-bit" in jobs.validation_report(metrics, {}, "m", 7)
+    report = jobs.validation_report(metrics, {}, "m", 7)
+    assert "legacy-SSE form beside a 256-bit" in report
+    # the ground truth's own uncertainty, per kernel, and the less certain ones counted, kept
+    assert table.measured_uncertainty.tolist() == [0.1] + [0.0] * 6
+    assert metrics["measured_unstable"] == 1 and metrics["kernels"] == 7
+    assert "measured; 1 of them less certain than the measuring tolerance" in report
 
 
 def test_forms_whose_kernels_are_chains_are_left_out_with_their_reason(catalogue_df):

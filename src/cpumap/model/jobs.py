@@ -254,12 +254,15 @@ def run_validation(model: resmodel.ResourceModel, forms: list[str], measurer: Me
     kernels = validation.random_kernels(forms, count, seed, apart=model.sse_avx[0],
                                         exclude=training)
     catalogue = getattr(measurer, "forms", None)
-    table = validation.validate(model, kernels,
-                              lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"),
-                              *((transition.vector_lengths(catalogue),
-                                 transition.families(catalogue)) if catalogue is not None
-                                else ()))
+    table = validation.validate(
+        model, kernels, lambda ks: measurer.measure(ks, stage=f"validation-s{seed}"),
+        **({"widths": transition.vector_lengths(catalogue),
+            "fams": transition.families(catalogue)} if catalogue is not None else {}),
+        uncertainty=getattr(measurer, "uncertainty", None))
     metrics = validation.metrics(table)
+    if "measured_uncertainty" in table:  # the ground truth's own; unstable ones are kept
+        metrics["measured_unstable"] = int(
+            (table.measured_uncertainty > measurer.bench.stable_tol).sum())
     # beside the whole set, as the interacting pairs below
     for column, key in (("mixes_512", "mixing_512_bit"), ("mixes_sse_avx", "mixing_sse_avx")):
         if table[column].any():
@@ -382,7 +385,10 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
                      f"{lp_s.get('solves', '')} | {fmt_s(lp_s.get('seconds'))} | "
                      f"{fmt_s(wall.get(stage))} |")
     lines += ["", "## Held-out validation", "",
-             f"{metrics['kernels']} of {count} random kernels (1-5 distinct forms) measured.", "",
+             f"{metrics['kernels']} of {count} random kernels (1-5 distinct forms) measured"
+             + (f"; {u} of them less certain than the measuring tolerance (their rounds "
+                "disagree: `measured_uncertainty` in validation.tsv), kept."
+                if (u := metrics.get("measured_unstable")) else "."), "",
              "| metric | value |", "| --- | --- |",
              f"| RMS relative error of IPC | {fmt(metrics['rms_rel_error_ipc'])}"
              f"{ci(metrics.get('rms_rel_error_ipc_ci'))} |",

@@ -74,13 +74,18 @@ def metrics(table: pd.DataFrame) -> dict[str, Any]:
 def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
              measure: Callable[[list[str]], Mapping[str, float]],
              widths: Mapping[str, int] | None = None,
-             fams: Mapping[str, str] | None = None) -> pd.DataFrame:
+             fams: Mapping[str, str] | None = None,
+             uncertainty: Callable[[list[str]], Mapping[str, float]] | None = None
+             ) -> pd.DataFrame:
     """Measured and predicted cycles and IPC of each kernel (failed measurements: NaN), and
     which kernels hold a 512-bit vector form beside narrower ones (``mixes_512``, from
     ``widths``: ``transition.vector_lengths``) or a legacy-SSE form beside a 256-bit or wider
     AVX one (``mixes_sse_avx``, from ``fams``: ``transition.families``): the two kinds of
-    kernel whose forms run otherwise together than apart on an Intel core."""
+    kernel whose forms run otherwise together than apart on an Intel core. With
+    ``uncertainty`` (``Measurer.uncertainty``), each measurement's own relative uncertainty
+    (``measured_uncertainty``): how far its rounds were apart."""
     measured = measure(list(kernels))
+    unc = uncertainty(list(kernels)) if uncertainty is not None else None
     rows = []
     for text in kernels:
         k = asmgen.parse_canonical(text)
@@ -93,5 +98,6 @@ def validate(model: resmodel.ResourceModel, kernels: Sequence[str],
                      "mixes_512": transition.mixes_512(k, widths or {}),
                      "mixes_sse_avx": transition.mixes(k, fams or {}),
                      "ipc_measured": n / meas if meas and meas > 0 else math.nan,
-                     "ipc_predicted": n / pred if pred > 0 else math.nan})
+                     "ipc_predicted": n / pred if pred > 0 else math.nan}
+                    | ({} if unc is None else {"measured_uncertainty": unc.get(text, math.nan)}))
     return pd.DataFrame(rows)
