@@ -414,27 +414,21 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
         lines += [noise_line, ""]
     if model is not None:
         lines += resource_table(model)
-    wide = metrics.get("mixing_512_bit")
-    if wide is not None:
-        w, o = wide["with"], wide["without"]
-        how = ("predicted with the wide uses (`wide` in model.json)" if model is not None
-               and model.wide else "predicted with the plain uses: the build saw no mode")
-        lines += [f"Kernels holding a 512-bit vector form beside narrower vector forms "
-                  f"(`mixes_512` in validation.tsv; the host's 512-bit mode: docs/model.md; "
-                  f"{how}): {w['kernels']}, RMS relative error of IPC "
-                  f"{fmt(w['rms_rel_error_ipc'])}, Kendall's tau {fmt(w['kendall_tau'])}; "
-                  f"the {o['kernels']} others: {fmt(o['rms_rel_error_ipc'])}, "
-                  f"tau {fmt(o['kendall_tau'])}.", ""]
-    sse = metrics.get("mixing_sse_avx")
-    if sse is not None:
-        w, o = sse["with"], sse["without"]
-        lines += [f"Kernels holding a legacy-SSE form beside a 256-bit or wider AVX form "
-                  f"(`mixes_sse_avx` in validation.tsv; the AVX forms leave the upper halves "
-                  f"of the vector registers dirty, which no resource of the model says: "
-                  f"docs/model.md): {w['kernels']}, RMS relative error of IPC "
-                  f"{fmt(w['rms_rel_error_ipc'])}, Kendall's tau {fmt(w['kendall_tau'])}; "
-                  f"the {o['kernels']} others: {fmt(o['rms_rel_error_ipc'])}, "
-                  f"tau {fmt(o['kendall_tau'])}.", ""]
+    how = ("predicted with the wide uses (`wide` in model.json)" if model is not None
+           and model.wide else "predicted with the plain uses: the build saw no mode")
+    for key, what in (("mixing_512_bit", "a 512-bit vector form beside narrower vector forms "
+                       f"(`mixes_512` in validation.tsv; the host's 512-bit mode: "
+                       f"docs/model.md; {how})"),
+                      ("mixing_sse_avx", "a legacy-SSE form beside a 256-bit or wider AVX "
+                       "form (`mixes_sse_avx` in validation.tsv; the AVX forms leave the "
+                       "upper halves of the vector registers dirty, which no resource of the "
+                       "model says: docs/model.md)")):
+        if (pair := metrics.get(key)) is not None:
+            w, o = pair["with"], pair["without"]
+            lines += [f"Kernels holding {what}: {w['kernels']}, RMS relative error of IPC "
+                      f"{fmt(w['rms_rel_error_ipc'])}, Kendall's tau {fmt(w['kendall_tau'])};"
+                      f" the {o['kernels']} others: {fmt(o['rms_rel_error_ipc'])}, "
+                      f"tau {fmt(o['kendall_tau'])}.", ""]
     sub = metrics.get("without_interacting")
     if sub is not None:
         lines += [f"The {metrics['kernels'] - sub['kernels']} kernels holding a pair of forms "
