@@ -3,6 +3,7 @@ kernels that fault, hang or kill the harness (hand-written batches in fixtures/h
 
 from __future__ import annotations
 
+import math
 import subprocess
 from pathlib import Path
 
@@ -35,21 +36,37 @@ def _rows_by_kernel(res: harness.BatchResult) -> dict[int, list[dict]]:
     return by
 
 
+#: A run of repetitions whose calibration samples before and after agree within this ran at
+#: one clock (``_per_add``).
+STEADY = 0.03
+
+
 def _per_add(rows: list[dict]) -> float:
     """Cycles per add of one kernel's f2 - f1, by the pipeline's estimator: each call kind's
     undisturbed duration from its repetitions (cpumap.measure.estimate), never a repetition's
-    own difference; each run of repetitions at the faster clock of the samples around it
+    own difference; each run of repetitions at the clock of the samples around it
     (``clocklevels.assign_local_ratios``; a process's calibrations before and after its
     kernels may read another clock than its repetitions ran at on an Intel core: the
     call-length check read the chain at 1.148 cycles an add, the ratio of the Cascade Lake
-    guest's 3.1 and 2.7 GHz clocks, with the process's calibration)."""
+    guest's 3.1 and 2.7 GHz clocks, with the process's calibration). Only the runs whose two
+    samples agree within STEADY: NaN where there is none.
+
+    Why: the Cascade Lake guest's clock moves with what shares the core, between 3.1 and
+    2.4 GHz, unseen between two samples (2026-11-29, 30 processes of this batch: 4 had
+    samples 13-30 % apart, and in one the two-chain kernel's samples read 0.95, 0.95 and then
+    1.23 cycles a tick: its repetitions before the last sample, converted at 0.95, read 0.448
+    cycles an add, faster than two chains of latency-1 adds run; an hour later the samples
+    of 16 processes of 18 were more than 3 % apart somewhere). The physics is judged where
+    the clock is known."""
     rows = [dict(r) for r in rows]
     clocklevels.assign_local_ratios(rows, clocklevels.clock_samples(rows), None, np.asarray)
-    ratio = np.array([r["local_ratio"] for r in rows])
-    ratio = np.where(np.isfinite(ratio), ratio, rows[0]["calib_ratio"])
-    c1 = np.array([r["ticks1"] for r in rows]) * ratio
-    c2 = np.array([r["ticks2"] for r in rows]) * ratio
-    step = robust.ROBUST_STEP_TICKS * float(np.median(ratio))
+    ratio = np.array([r["local_ratio"] for r in rows])  # the faster sample around each run
+    held = np.array([r["run_ratio_low"] for r in rows]) >= (1.0 - STEADY) * ratio
+    if not held.any():
+        return math.nan
+    c1 = np.array([r["ticks1"] for r in rows])[held] * ratio[held]
+    c2 = np.array([r["ticks2"] for r in rows])[held] * ratio[held]
+    step = robust.ROBUST_STEP_TICKS * float(np.median(ratio[held]))
     cycles, _ = robust.kernel_estimate(c1, c2, step, robust.CALL_OVERHEAD_MAX)
     return cycles / (rows[0].get("iters", 20000) * 100)
 
@@ -73,60 +90,45 @@ def test_build_reuses_binary_and_version_is_a_hash(build, tmp_path):
     int(harness.HARNESS_VERSION, 16)
 
 
-#: A process whose calibration samples all lie within this of its fastest one ran at one
-#: clock (``_steady``).
-STEADY = 0.03
-
-
-def _steady(res: harness.BatchResult) -> bool:
-    """Every calibration sample of the process (its opening and closing ones, each run's)
-    within STEADY of the fastest: its clock held.
-
-    Why: the Cascade Lake guest's clock moves with what shares the core, between
-    3.1 GHz and 2.4 GHz, and between two samples unseen (2026-11-29, 30 processes of this
-    batch: 4 had samples 13-30 % apart, and in one the two-chain kernel's samples read 0.95,
-    0.95 and then 1.23 cycles a tick: its repetitions before the last sample, converted at
-    0.95, read 0.448 cycles an add, faster than two chains of latency-1 adds can run). The
-    physics is judged where the clock is known."""
-    samples = np.concatenate([[res.calib_before, res.calib_after],
-                              *clocklevels.clock_samples(res.rows)])
-    samples = samples[np.isfinite(samples)]
-    return bool(samples.min() >= (1.0 - STEADY) * samples.max())
-
-
 def test_add_chain_runs_at_one_cycle_per_add(build):
-    # Rounds of 3 harness processes, judged by those whose clock held (``_steady``). On a
-    # shared host a whole process sometimes runs slow (suite.run_driver), and the
-    # typical-repetition check below takes the fastest process. The one-chain check takes the
-    # median steady process: one process's TSC calibration can be several percent low (Zen 3
-    # guest, 2026-11-25: in 3 of 57 runs of this test the fastest of the 3 processes put the
-    # add chain at 0.93-0.94 cycles per add), and the fastest-looking process is the one most
-    # likely to be.
+    # Rounds of 3 harness processes, judged by the runs of repetitions whose clock held
+    # (``_per_add``): a process counts where both kernels have one. On a shared host a whole
+    # process sometimes runs slow (suite.run_driver), and the typical-repetition check below
+    # takes the fastest process. The one-chain check takes the median counted process: one
+    # process's TSC calibration can be several percent low (Zen 3 guest, 2026-11-25: in 3 of
+    # 57 runs of this test the fastest of the 3 processes put the add chain at 0.93-0.94
+    # cycles per add), and the fastest-looking process is the one most likely to be.
     # The two-chain kernel needs two integer ALUs every cycle, which is what this host's
     # neighbours take, for seconds to minutes (Cascade Lake guest, 2026-11-28: 0.51-0.52 per
     # add in most processes, 0.54-0.60 in a few; 2026-11-29: 0.555-0.559 in all four right
-    # processes of six rounds): it is judged by the fastest steady process whose one-chain
+    # processes of six rounds): it is judged by the fastest counted process whose one-chain
     # kernel reads right (its calibration is then right too), and while there are fewer than
-    # 3 steady processes or that one is over 0.55, 3 more processes run, up to 6 rounds. What
-    # the bound of 0.6 rules out is chains that do not overlap (1.0) or overlap by half
-    # (0.75). Interference only slows a chain down: every steady process must still respect
-    # the floor.
+    # 3 counted processes or that one is over 0.55, 3 more processes run, up to 6 rounds.
+    # What the bound of 0.6 rules out is chains that do not overlap (1.0) or overlap by half
+    # (0.75). Interference only slows a chain down, but the clock may rise and fall again
+    # between two samples that agree (2026-11-29: two chains at 0.416 cycles an add in one
+    # process of 18): the floor holds for the median of at least 6 counted processes.
     runs: list[harness.BatchResult] = []
-    per_add: list[tuple[float, float]] = []  # each steady process's (one chain, two chains)
+    counted: list[harness.BatchResult] = []
+    per_add: list[tuple[float, float]] = []  # each counted process's (one chain, two chains)
     for _ in range(6):
         new = [harness.run_batch(build["addchain"], 2, reps=9, warmup=2, cpu=None,
                                  timeout_s=5, harness_bin=build["bin"]) for _ in range(3)]
         assert all(r.failures == {} and r.restarts == 0 for r in new)
         runs += new
-        per_add += [(_per_add(by[0]), _per_add(by[1]))
-                    for by in map(_rows_by_kernel, filter(_steady, new))]
+        for res in new:
+            by = _rows_by_kernel(res)
+            one, two = _per_add(by[0]), _per_add(by[1])
+            if math.isfinite(one) and math.isfinite(two):
+                counted.append(res)
+                per_add.append((one, two))
         right = [two for one, two in per_add if one == pytest.approx(1.0, abs=0.05)]
-        if len(per_add) >= 3 and right and min(right) <= 0.55:
+        if len(per_add) >= 6 and right and min(right) <= 0.55:
             break
-    steady = [r for r in runs if _steady(r)]
-    assert len(steady) >= 3, f"the clock moved in {len(runs) - len(steady)} of {len(runs)}"
-    median = sorted(range(len(steady)), key=lambda i: per_add[i][0])[len(steady) // 2]
-    res = steady[median]
+    assert len(counted) >= 6, f"the clock moved in every run of {len(runs) - len(counted)} " \
+                              f"of {len(runs)} processes"
+    median = sorted(range(len(counted)), key=lambda i: per_add[i][0])[len(counted) // 2]
+    res = counted[median]
     _check_clock(res)
     by = _rows_by_kernel(res)
     assert sorted(by) == [0, 1] and all(len(rows) == 9 for rows in by.values())
@@ -139,7 +141,8 @@ def test_add_chain_runs_at_one_cycle_per_add(build):
     # Latency-bound: one chain -> 1 cycle per add; two interleaved chains -> 0.5.
     assert per_add[median][0] == pytest.approx(1.0, abs=0.05)
     assert right and min(right) <= 0.6
-    assert min(two for _, two in per_add) >= 0.45  # two chains of latency 1: 2 adds a cycle
+    # two chains of latency 1: 2 adds a cycle at most
+    assert sorted(two for _, two in per_add)[len(per_add) // 2] >= 0.45
     # The typical repetition is in the right neighbourhood too.
     assert 0.8 < min(map(_typical_per_add, runs)) < 1.3
 
@@ -277,13 +280,12 @@ def test_row_cycles():
 def test_call_length_scales_iterations_and_keeps_per_add_cost(build):
     """--call-us: the iterations of a call are scaled to its target length (here far fewer
     than the table's 20,000); the cost per add does not change (judged in a process whose
-    clock held, ``_steady``: up to 6 tries)."""
+    clock held, ``_per_add``: up to 6 tries)."""
     for _ in range(6):
         res = harness.run_batch(build["addchain"], 1, reps=5, warmup=1, cpu=None,
                                 timeout_s=2, harness_bin=build["bin"], call_us=100)
-        if _steady(res):
+        if math.isfinite(_per_add(res.rows)):
             break
-    assert _steady(res), "the clock moved in each of 6 processes"
     iters = {r["iters"] for r in res.rows}
     assert len(iters) == 1 and 1 <= iters.pop() < 20000
     assert _per_add(res.rows) == pytest.approx(1.0, abs=0.05)
