@@ -4,6 +4,7 @@ Usage: python benchmarks/palmed_sim.py [--ports 10] [--forms 300] [--noise 0.0] 
                                      [--workers 1]
        python benchmarks/palmed_sim.py --matrix   # 8p/100f and 10p/300f, noise 0 and 2%
        python benchmarks/palmed_sim.py --wide [--states 2] [--noise 0.02]  # the 512-bit mode
+       python benchmarks/palmed_sim.py --dirty [--noise 0.02]  # legacy SSE beside AVX
 
 Builds ``synthetic_mapping(n_ports, n_forms)``, runs ``palmed.build_model`` against the
 simulated machine (tol = 3.5 x noise), then predicts random held-out kernels (1-5 distinct
@@ -14,6 +15,10 @@ RMS relative error, MAPE of IPC and Kendall's tau against the exact (noise-free)
 port 1 beside 512-bit ones, built without and with the vector lengths (the 512-bit mode,
 ``cpumap.model.palmed.wide``); RMS and max relative error of IPC per kind of held-out
 kernel (no 512-bit form, 512-bit forms only, mixed).
+
+``--dirty``: the small core of ``portmap.dirty_upper_mapping`` whose legacy-SSE forms take a
+merge μop beside 256-bit AVX forms, built without and with the dirty-upper probe
+(``cpumap.model.palmed.dirty``); errors per kind (no legacy SSE beside AVX, mixed).
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
-from cpumap.isa.transition import mixes_512
+from cpumap.isa.transition import mixes, mixes_512
 from cpumap.model import palmed, resmodel
 from cpumap.model.jobs import NATIVE_REFINE_BATCH
 from cpumap.model.palmed.build import build_model
 from cpumap.model.palmed.forms import set_lp_workers
-from cpumap.model.portmap import synthetic_mapping, wide_mode_mapping
+from cpumap.model.portmap import dirty_upper_mapping, synthetic_mapping, wide_mode_mapping
 from cpumap.model.simulate import SimulatedMachine
 
 
@@ -122,6 +127,25 @@ def run_wide(noise: float, seed: int, tests: int, states: int = 1) -> None:
               f"kernels; " + "; ".join(parts), flush=True)
 
 
+def run_dirty(noise: float, seed: int, tests: int) -> None:
+    """The dirty-upper core, without and with its probe: errors per kind."""
+    mapping, fams = dirty_upper_mapping()
+    machine = SimulatedMachine(mapping=mapping, noise=noise, seed=seed)
+    cfg = palmed.PalmedConfig(tol=max(1e-6, 3 * noise), seed=seed)
+    carriers = sorted(f for f, fam in fams.items() if fam == "avx" and "_M" not in f)
+    kinds: dict[str, list[dict[str, int]]] = {"plain": [], "mixed": []}
+    for k in held_out(machine.forms, tests, seed + 1000):
+        kinds["mixed" if mixes(k, fams) else "plain"].append(k)
+    print(f"dirty-upper core, {len(machine.forms)} forms, noise {noise:.1%}, tol {cfg.tol:g}")
+    for label, dirty in (("without the probe", None), ("with it", (fams, carriers))):
+        model, stats = build_model(machine.forms, machine.measure, config=cfg, dirty=dirty)
+        parts = [f"{kind} ({len(ks)}): {e['rms']:.2%} RMS, max {e['max']:.1%}"
+                 for kind, ks in kinds.items() if ks
+                 for e in [evaluate(model, machine, ks)]]
+        print(f"  {label}: {stats['n_resources']} resources, {stats['total_kernels']} "
+              f"kernels; " + "; ".join(parts), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ports", type=int, default=10)
@@ -139,8 +163,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the 512-bit mode's small core, without and with the vector lengths")
     ap.add_argument("--states", type=int, default=1, choices=(1, 2),
                     help="with --wide: the states of the mode (2: Cascade Lake's)")
+    ap.add_argument("--dirty", action="store_true",
+                    help="the dirty-upper core, without and with its probe")
     args = ap.parse_args(argv)
     set_lp_workers(args.workers)
+    if args.dirty:
+        run_dirty(args.noise, args.seed, args.tests)
+        return 0
     if args.wide:
         run_wide(args.noise, args.seed, args.tests, args.states)
         return 0

@@ -110,7 +110,8 @@ class Resolver:
                 "bottleneck_label": predictor.labels.get(bottleneck) if bottleneck else None,
                 "interacting": predictor.interacting(kernel),
                 "approximate": predictor.approximate(kernel),
-                # the forms' uses beside a 512-bit form (model.wide, where the host has it)
+                # the forms' uses in a mode of the host (model.wide, where it has one: beside
+                # a 512-bit form, or legacy SSE beside AVX)
                 "wide_mode": predictor.wide_mode(kernel)}
 
 
@@ -214,8 +215,9 @@ def cmd_predict(args: argparse.Namespace, ctx: Context) -> int:
                   "measured on this host (resource bound "
                   f"{out['throughput_bound']:.4f})")
         if out["wide_mode"]:
-            print("  with the forms' uses beside a 512-bit form (model.json wide: on this "
-                  "host narrow vector forms run differently beside 512-bit ones)")
+            print("  with the forms' uses in a mode of this host (model.json wide: narrow "
+                  "vector forms beside 512-bit ones, or legacy SSE beside AVX, run "
+                  "differently here)")
     if out["interacting"]:
         # a prediction the model cannot vouch for: said on stderr so that --json stays JSON
         print("warning: the kernel holds a pair of forms that ran slower together than one "

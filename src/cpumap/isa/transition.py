@@ -67,16 +67,17 @@ def vector_lengths(forms: Any) -> dict[str, int]:
 WIDE_BITS = 512
 
 
-def carriers(forms: Any) -> list[str]:
-    """The 512-bit forms of a catalogue table (``name``, ``operands``, ``category``) with
-    register operands only and not register moves: those the 512-bit probe may add to kernels
-    (``cpumap.model.palmed.wide``). A memory form would add a load, or a store, to every
-    kernel it measures; a move may be eliminated at renaming, and then no 512-bit μop is in
-    flight: on Zen 4 ``MULSD xmm`` x 16 took 8.0 cycles beside two ``VMOVAPD zmm, zmm`` (6
-    a cycle, renamed away), as alone, and 16.1 beside two ``VPADDQ zmm``."""
+def carriers(forms: Any, bits: int = WIDE_BITS) -> list[str]:
+    """The forms of at least ``bits`` bits (512: the 512-bit mode's; 256: the dirty-upper
+    state's, ``cpumap.model.palmed.dirty``) of a catalogue table (``name``, ``operands``,
+    ``category``) with register operands only and not register moves: those a mode's probe
+    may add to kernels (``cpumap.model.palmed.wide``). A memory form would add a load, or a
+    store, to every kernel it measures; a move may be eliminated at renaming, and then no
+    wide μop is in flight: on Zen 4 ``MULSD xmm`` x 16 took 8.0 cycles beside two ``VMOVAPD
+    zmm, zmm`` (6 a cycle, renamed away), as alone, and 16.1 beside two ``VPADDQ zmm``."""
     return sorted(str(name) for name, ops, kind
                   in zip(forms["name"], forms["operands"], forms["category"], strict=True)
-                  if vector_length(ops) >= WIDE_BITS and kind != "move"
+                  if vector_length(ops) >= bits and kind != "move"
                   and all(o.get("kind") != "mem" for o in operands(ops)))
 
 

@@ -24,6 +24,7 @@ from cpumap.isa import transition
 from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
 from cpumap.model import flagchain, resmodel, validation
+from cpumap.model.mode_lines import dirty_line, wide_line
 from cpumap.model.outside import (
     add_chain_forms,
     add_decomposed_forms,
@@ -170,14 +171,16 @@ def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], 
     the cost per switch for its predictions. ``wide``: probe the 512-bit mode. ``first``: the
     forms taken first as pair candidates (``model.first_candidates``)."""
     penalty = bool(sse_avx and sse_avx.get("penalty"))
-    apart = transition.families(job.measurer.forms) if penalty else {}
-    # the vector lengths: the wide probe (``palmed.wide``) sees whether the host runs narrow
-    # vector forms differently beside 512-bit ones
     cat = job.measurer.forms
-    b = Build.start(forms, job.measure, job.cfg, job.log, apart,
+    fams = transition.families(cat)
+    # the vector lengths: the wide probe (``palmed.wide``) sees whether the host runs narrow
+    # vector forms differently beside 512-bit ones; without a penalty per switch, the dirty
+    # probe (``palmed.dirty``) whether legacy-SSE forms run differently beside AVX ones
+    b = Build.start(forms, job.measure, job.cfg, job.log, fams if penalty else {},
                     transition.vector_lengths(cat) if wide else None, transition.carriers(cat),
                     first, transition.plain_forms(cat),
-                    dict(zip(cat["name"], cat["encoding"], strict=True)))
+                    dict(zip(cat["name"], cat["encoding"], strict=True)),
+                    (fams, transition.carriers(cat, 256)) if wide and not penalty else None)
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
     if sse_avx is not None:
         b.info["sse_avx_transition"] = {
@@ -347,6 +350,8 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              f"- joint refit: {refit_line(stats.get('joint_refit'))}",
              f"- 512-bit mode: {wide_line(stats.get('wide'))}",
              f"- joint refit of the wide uses: {refit_line(stats.get('wide_refit'))}",
+             f"- legacy SSE beside AVX (dirty upper halves): "
+             f"{dirty_line(stats.get('dirty_upper'))}",
              f"- forms not modelled: {len(nm := stats.get('not_modelled', {}))} {sorted(nm)}",
              f"- forms modelled approximately (dependence chains, on a resource of their own"
              f" sized by their measured cycles; LEAVE as its parts): "
@@ -439,29 +444,6 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
                   f"{fmt(sub['rms_rel_error_ipc'])}, MAPE {fmt(sub['mape_ipc'])}, "
                   f"Kendall's tau {fmt(sub['kendall_tau'])}.", ""]
     return "\n".join(lines)
-
-
-def wide_line(record: Mapping[str, Any] | None) -> str:
-    """The wide probe and stage (``palmed.wide``) in words."""
-    if not record:
-        return "not probed"
-    if not record.get("observed"):
-        return (f"not seen ({record.get('reason')}; {record.get('probes', 0)} probes beside "
-                f"{record.get('carriers', 1)} carriers, slowest "
-                f"{record.get('probe_max_slowdown', 'n/a')} x alone)")
-    by = record.get("encodings") or {}
-    per = "; per encoding (slower of probes) " + ", ".join(
-        f"{e or '?'} {s} of {n}" for e, (n, s) in sorted(by.items())) if by else ""
-    states = record.get("states") or [{"carrier": record["carrier"],
-                                       "probes_slower": record["probes_slower"]}]
-    each = "; ".join(f"beside {st['carrier']}"
-                     + (f" and {len(st['trigger']) - 1} more 512-bit forms" if "trigger" in st
-                        else "") + f": {st['probes_slower']} of {record['probes']} slower"
-                     for st in states)
-    return (f"seen, {len(states)} state{'s' if len(states) > 1 else ''} ({each}; "
-            f"{record.get('carriers', 1)} carriers probed{per}); the vector forms and the "
-            f"others' uses of vector resources measured again in each state: "
-            f"{record.get('kernels', 0)} kernels")
 
 
 def resource_table(model: resmodel.ResourceModel) -> list[str]:

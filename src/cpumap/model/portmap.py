@@ -50,6 +50,7 @@ __all__ = [
     "true_resource_model",
     "validate_mapping",
     "wide_mode_mapping",
+    "dirty_upper_mapping",
 ]
 
 #: Up to this many ports, cycles come from the closed-subset formula (vectorised, exact).
@@ -376,3 +377,29 @@ def wide_mode_mapping(mode: bool = True, states: int = 1) -> tuple[dict[str, Any
         m["wide"] = {"forms": ["VADDZ", "VADDZM", "VFMAZ", "VSHUFZ"], "assignment": cold}
     widths = {f: 512 if "Z" in f else 128 for f in forms if f.startswith("V")}
     return m, widths
+
+
+def dirty_upper_mapping() -> tuple[dict[str, Any], dict[str, str]]:
+    """(Mapping3, families) of a small core with Intel's dirty-upper state
+    (``cpumap.model.palmed.dirty``): beside a 256-bit AVX form (``*_YMM*``) a legacy-SSE form
+    (``families`` ``sse``) that writes an xmm register takes an extra merge μop on the FP
+    pipes, p0 or p1 (``MOVSD_XMM_M64``, ``SHUFPD_XMM``, ``CVTDQ2PD_XMM``); ``ADDPD_XMM``
+    reads its destination and needs none; the VEX.128 forms (``V*_XMM``, the 256-bit forms'
+    twins) zero the upper halves and are in neither family. Measured on Cascade Lake:
+    ``MOVSD xmm, m64`` x 4 2.0 cycles alone, 2.77 beside ``VADDPD ymm`` x 2, 2.01 beside
+    ``VSHUFPD ymm`` x 2: alone, the merge μop hides beside the loads."""
+    fp, alu, ld = ["p0", "p1"], ["p0", "p1", "p5", "p6"], ["p2", "p3"]
+    forms = {"ADD": [alu], "LOAD": [ld], "SHL": [["p0", "p6"]], "IMUL": [["p1"]],
+             "ADDPD_XMM": [fp], "MOVSD_XMM_M64": [ld], "SHUFPD_XMM": [["p5"]],
+             "CVTDQ2PD_XMM": [fp, ["p5"]], "VADDPD_XMM": [fp], "VSHUFPD_XMM": [["p5"]],
+             "VADDPD_YMM": [fp], "VSHUFPD_YMM": [["p5"]], "VCVTDQ2PD_YMM": [fp, ["p5"]],
+             "VMOVUPD_YMM_M256": [ld]}
+    dirty = {"MOVSD_XMM_M64": [ld, fp], "SHUFPD_XMM": [["p5"], fp],
+             "CVTDQ2PD_XMM": [fp, ["p5"], fp]}
+    trigger = sorted(f for f in forms if "YMM" in f)
+    m: dict[str, Any] = {"kind": "Mapping3",
+                         "arch": {"insns": sorted(forms), "ports": [*alu, *ld]},
+                         "assignment": forms, "wide": {"forms": trigger, "assignment": dirty}}
+    families = {f: "sse" for f in forms if f.endswith("XMM") and not f.startswith("V")
+                or f == "MOVSD_XMM_M64"} | dict.fromkeys(trigger, "avx")
+    return m, families

@@ -66,7 +66,9 @@ Stages (and why)
    measures the forms beside a 512-bit carrier and fits their *wide* uses, which predictions
    take in kernels holding a 512-bit form. Carriers that change the narrow forms differently
    (Cascade Lake: FP and integer 512-bit forms) make states of the mode, each fitted apart
-   (``states``).
+   (``states``). The same machinery, with other roles, fits legacy-SSE forms beside 256-bit
+   AVX forms where the host pays no switch penalty but merges the dirty upper halves of the
+   registers with an extra μop (``dirty``); ``modes`` runs this stage for both.
 
 The model predicts ``max_r sum_i sigma(K, i) rho(i, r)`` (``cpumap.model.resmodel.predict``).
 

@@ -42,6 +42,8 @@ from cpumap.isa import transition
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import Kernel, Log, PalmedConfig, _nolog, resumed
 from cpumap.model.palmed.core import Core, fit_core
+from cpumap.model.palmed.dirty import above, roles
+from cpumap.model.palmed.dirty import probe as dirty_probe
 from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
 from cpumap.model.palmed.kernels import (
     Basic,
@@ -56,12 +58,12 @@ from cpumap.model.palmed.kernels import (
 )
 from cpumap.model.palmed.layout import layout_from_json, layout_json, layout_note, layout_probe
 from cpumap.model.palmed.lp import _LPStats
+from cpumap.model.palmed.modes import fit_modes
 from cpumap.model.palmed.refit import _one_unit
 from cpumap.model.palmed.remaining import fit_remaining
-from cpumap.model.palmed.states import fit_states, mode_widths, probe
+from cpumap.model.palmed.states import mode_widths, probe
 from cpumap.model.palmed.training import training_kernels
-from cpumap.model.resmodel import OWN, ResourceModel, private
-from cpumap.model.resmodel import predict as resmodel_predict
+from cpumap.model.resmodel import OWN, ResourceModel
 from cpumap.store.files import write_json_atomic
 
 Measure = Callable[[list[str]], Sequence[float]]
@@ -102,6 +104,10 @@ class Build:
     #: the wide probe's record (``palmed.wide.probe``); where ``observed``, the plain stages
     #: keep 512-bit and narrower vector forms apart and the wide stage fits them together
     wide_mode: dict[str, Any] = field(default_factory=dict)
+    #: the dirty-upper probe's record and the roles it read (``palmed.dirty``): where
+    #: ``observed``, the plain stages keep legacy-SSE and AVX forms apart
+    dirty: dict[str, Any] = field(default_factory=dict)
+    dirty_widths: dict[str, int] = field(default_factory=dict)
     #: layout-sensitive forms (``palmed.layout``) -> cycles a copy alone at each count
     layout: dict[str, dict[int, float]] = field(default_factory=dict)
 
@@ -124,9 +130,13 @@ class Build:
         return keep
 
     def _apart(self, kernel: Kernel, modes: bool = True) -> bool:
-        return transition.mixes(kernel, self.apart) or (
-            modes and bool(self.wide_mode.get("observed"))
-            and transition.mixes_512(kernel, self.widths))
+        return transition.mixes(kernel, self.apart) or (modes and self._in_mode(kernel))
+
+    def _in_mode(self, kernel: Kernel) -> bool:
+        """Whether a kernel mixes the forms of a mode seen (512-bit, dirty upper): the plain
+        uses do not hold there."""
+        return any(rec.get("observed") and transition.mixes_512(kernel, w) for rec, w in
+                   ((self.wide_mode, self.widths), (self.dirty, self.dirty_widths)))
 
     def run(self, stage: str, kernels: Sequence[str], measure: Measure, log: Log) -> None:
         """Measure the kernels of ``kernels`` not known yet, as one round of ``stage``."""
@@ -172,12 +182,14 @@ class Build:
               widths: Mapping[str, int] | None = None,
               carriers: Sequence[str] | None = None, first: Sequence[str] = (),
               plain: Set[str] | None = None, encodings: Mapping[str, str] | None = None,
-              ) -> Build:
+              dirty: tuple[Mapping[str, str], Sequence[str]] | None = None) -> Build:
         """Stage 1: every form alone; forms whose singleton failed are dropped. ``apart``:
         the families of forms no kernel may mix (see the field); ``widths``: the forms'
         vector lengths, for the wide probe (``palmed.wide``), run here, with a carrier among
         ``carriers`` (None: any 512-bit form), the mode then kept to the ``encodings`` whose
-        probes it slows; ``first`` and ``plain``: the pair candidates' order."""
+        probes it slows; ``first`` and ``plain``: the pair candidates' order; ``dirty``: the
+        forms' families and the 256-bit carriers, for the dirty-upper probe
+        (``palmed.dirty``; None on a host that pays a penalty per switch)."""
         t0 = time.perf_counter()
         known = set(forms)
         b = cls(config=config or PalmedConfig(), forms=sorted(known),
@@ -202,16 +214,29 @@ class Build:
                                         if f not in b.layout}, b.config.max_pair_forms,
                                        first, plain)
         if widths is not None:
-            while True:
-                need, record = probe(b.forms, b.widths, b.singletons, b.meas, b.candidates,
-                                     b.config, carriers, encodings)
-                if record is not None:
-                    break
-                b.run("wide", need, measure, log)
+            record = b._probe("wide", lambda: probe(
+                b.forms, b.widths, b.singletons, b.meas, b.candidates, b.config, carriers,
+                encodings), measure, log)
             b.wide_mode, b.widths = record, mode_widths(b.widths, record, encodings)
-            log(f"wide: mode {'seen' if record['observed'] else 'not seen'}: {record}")
+        if dirty is not None:
+            b.dirty_widths = roles({f: v for f, v in dirty[0].items() if f in known},
+                                   above(b.wide_mode, b.widths))
+            b.dirty = b._probe("dirty", lambda: dirty_probe(
+                b.forms, b.dirty_widths, b.singletons, b.meas, b.candidates, b.config,
+                dirty[1]), measure, log)
         b._finish("singletons", t0)
         return b
+
+    def _probe(self, stage: str, step: Callable[[], tuple[list[str], dict[str, Any] | None]],
+               measure: Measure, log: Log) -> dict[str, Any]:
+        """A mode's probe (``step``: ``states.probe`` or ``dirty.probe`` on this build's
+        measurements), measured to its end."""
+        while True:
+            need, record = step()
+            if record is not None:
+                log(f"{stage}: mode {'seen' if record['observed'] else 'not seen'}: {record}")
+                return record
+            self.run(stage, need, measure, log)
 
     def pair_kernels(self, probes: Sequence[str] | None = None) -> list[str]:
         """The balanced pairs stage 2 measures (those not known yet)."""
@@ -309,8 +334,14 @@ class Build:
         st = _LPStats()
         state: list[Any] = []
         training = set(self.training())  # drawn once: the rounds do not change it
+        # the modes' probe kernels tell nothing of the plain uses: known as failed here, as
+        # those the plain stages kept apart are (the rounds add none)
+        modal = {t for t, m in self.meas.items()
+                 if math.isfinite(m) and self._in_mode(parse_canonical(t))}
         while True:
-            step = fit_remaining(self.core, self.forms, self.singletons, self.meas, state=state,
+            meas = self.meas if not modal else {
+                t: math.nan if t in modal else m for t, m in self.meas.items()}
+            step = fit_remaining(self.core, self.forms, self.singletons, meas, state=state,
                                  classes=self.basic.classes, config=self.config, log=log,
                                  lp_stats=st, unsteady=set(self.layout), training=training)
             state = step.state
@@ -322,14 +353,11 @@ class Build:
         self._finish("remaining", t0)
 
         core, basic, singletons = self.core, self.basic, self.singletons
-        modal = self.wide_mode.get("observed")  # the 512-bit mode's kernels: not singletons'
         # classes whose resources of their own are one unit (the divider's) share the first's
-        # (not by the probe's kernels in the 512-bit mode: the plain uses do not hold there)
-        unit = _one_unit(rho_idx, own, {t: m for t, m in self.meas.items() if not (
-            modal and transition.mixes_512(parse_canonical(t), self.widths))}, self.config.tol)
+        # (not by the modes' probe kernels: the plain uses do not hold there)
+        unit = _one_unit(rho_idx, own, meas, self.config.tol)
         own = {f: (unit.get(rep, rep), v) for f, (rep, v) in own.items()}  # (unit, use)
-        odd = non_additive(singletons, self.meas, self.config.tol, (lambda k: transition.mixes_512(
-            k, self.widths)) if modal else None, classes=behaviour)
+        odd = non_additive(singletons, meas, self.config.tol, classes=behaviour)
         names = [f"R{r:02d}" for r in range(len(defining))]
         # a class's resource of its own (``refit._owned``), named after its representative
         rho = {f: {names[r]: v for r, v in sorted(rho_idx.get(f, {}).items())}
@@ -375,6 +403,7 @@ class Build:
                  # its size, and whether it ran (noisy measurements within the budget)
                  "joint_refit": st.refit, "wide": model.provenance.get("wide"),
                  "wide_refit": self.lp.get("wide", {}).get("refit"),
+                 "dirty_upper": model.provenance.get("dirty_upper"),
                  "layout_sensitive": sorted(self.layout),
                  "non_additive": {f: list(n) for f, n in sorted(odd.items())}}
         return model, stats
@@ -390,55 +419,8 @@ class Build:
 
     def wide(self, model: ResourceModel, measure: Measure, t_plain: Sequence[float],
              log: Log = _nolog) -> None:
-        """Stage 8 (after ``remaining``, same job), where the probe saw the mode: the vector
-        forms' uses beside a 512-bit form (``palmed.wide``), set in ``model.wide``; the
-        probe's record goes to the model's provenance either way. ``t_plain``: the saturating
-        kernels' construction times, which found the plain stages' mixes."""
-        if not self.wide_mode:
-            return
-        model.provenance["wide"] = dict(self.wide_mode)
-        if not self.wide_mode.get("observed"):
-            return
-        t0 = time.perf_counter()
-        # the kernels the plain stages kept apart for the mode are the wide stage's own (a
-        # mix of a narrow form with a 512-bit saturating kernel is the same kernel in both):
-        # no longer known as failed, so that the stage asks for them
-        mode = {k for k in self.avoided if not transition.mixes(parse_canonical(k), self.apart)}
-        self.avoided = [k for k in self.avoided if k not in mode]
-        for k in mode:
-            self.meas.pop(k, None)
-        # fitted only by the wide refit (``wide._refit_mode`` takes every kernel in the mode)
-        self.run("wide-training", self.training(wide=True), measure, log)
-        st = _LPStats()
-        # the shared resources: those with a saturating kernel (own resources are the plain
-        # uses' business, a form in the mode gets its own below)
-        shared = [r for r in model.resources if not private(r)]
-        index = {r: i for i, r in enumerate(shared)}
-        rho = {f: {index[r]: v for r, v in u.items() if r in index} for f, u in model.rho.items()}
-        texts = [model.provenance["resources"][r]["saturating"] for r in shared]
-        # a saturating kernel whose measurement failed is sized by the model's prediction
-        saturating = [(sk, m if math.isfinite(m := self.meas.get(t, math.nan))
-                       else resmodel_predict(model, sk)[0])
-                      for t in texts for sk in [parse_canonical(t)]]
-        fitted = fit_states(self.wide_mode, self.forms, self.widths, self.singletons, self.meas,
-                            rho, saturating, t_plain,
-                            model.provenance.get("behaviour_classes") or {}, self.config,
-                            lambda need: self.run("wide", need, measure, log), log, st)
-        rep_of = {m: rep for rep, members in model.provenance.get("behaviour_classes", {}).items()
-                  for m in members}
-        unit = {f: r for f, u in model.rho.items() for r in u if r.startswith(OWN)}  # plain
-        states = [{"trigger": trigger,
-                   "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
-                           | ({unit.get(f, OWN + rep_of.get(f, f)): own[f]} if f in own else {})
-                           for f, u in sorted(uses.items())}} for trigger, uses, own in fitted]
-        model.wide = states[0] | ({"next": states[1:]} if states[1:] else {})
-        model.resources = shared + sorted({*(r for r in model.resources if private(r)),
-                                           *(unit.get(f, OWN + rep_of.get(f, f))
-                                             for _, _, own in fitted for f in own)})
-        model.provenance["wide"]["kernels"] = self.counts.get("wide", 0)
-        model.provenance["kernels"] = dict(self.counts)
-        self.lp["wide"] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}
-        self.wall["wide"] = self.wall.get("wide", 0.0) + time.perf_counter() - t0
+        """Stage 8 (after ``remaining``, same job): the modes' uses (``modes.fit_modes``)."""
+        fit_modes(self, model, measure, t_plain, log)
 
     # ------------------------------------------------------------------ state file
 
@@ -450,8 +432,8 @@ class Build:
                 "basic": self.basic.as_dict() if self.basic else None,
                 "core": self.core.as_dict() if self.core else None,
                 "info": self.info, "apart": self.apart, "avoided": self.avoided,
-                "widths": self.widths, "wide_mode": self.wide_mode,
-                "layout": layout_json(self.layout)}
+                "widths": self.widths, "wide_mode": self.wide_mode, "dirty": self.dirty,
+                "dirty_widths": self.dirty_widths, "layout": layout_json(self.layout)}
 
     def save(self, path: Path) -> None:
         write_json_atomic(self.as_dict(), path)
@@ -476,6 +458,7 @@ class Build:
                 core=Core.from_dict(d["core"]) if d["core"] else None,
                 done=list(d["done"]), info=dict(d["info"]), apart=dict(d.get("apart", {})),
                 widths=dict(d["widths"]), wide_mode=dict(d["wide_mode"]),
+                dirty=dict(d.get("dirty", {})), dirty_widths=dict(d.get("dirty_widths", {})),
                 layout=layout_from_json(d["layout"]))
         kernels = [k for stage in d["asked"].values() for k in stage]
         if kernels:
@@ -489,12 +472,15 @@ def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig 
                 provenance: Mapping[str, Any] | None = None,
                 apart: Mapping[str, str] | None = None,
                 widths: Mapping[str, int] | None = None,
+                dirty: tuple[Mapping[str, str], Sequence[str]] | None = None,
                 ) -> tuple[ResourceModel, dict[str, Any]]:
     """Run every stage against ``measure`` in this process; return the model and statistics.
 
     ``stats``: kernels measured per stage (``kernels``), measurement rounds, LP solves and
     seconds per fitting stage (``lp``), wall seconds per stage. ``widths`` (form -> vector
-    length in bits) runs the wide stage.
+    length in bits) runs the wide stage, ``dirty`` (families, 256-bit carriers) the
+    dirty-upper probe and state (``Build.start``).
     """
-    return Build.start(forms, measure, config, log, apart, widths).fit(measure, log, probes,
+    return Build.start(forms, measure, config, log, apart, widths,
+                       dirty=dirty).fit(measure, log, probes,
                                                                         provenance)

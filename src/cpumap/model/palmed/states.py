@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 from cpumap.isa.transition import WIDE_BITS
@@ -258,7 +258,8 @@ def fit_states(record: Mapping[str, Any], forms: Sequence[str], widths: Mapping[
                saturating: Sequence[tuple[Mapping[str, int], float]],
                t_plain: Sequence[float], classes: Mapping[str, Sequence[str]],
                config: PalmedConfig, run: Callable[[list[str]], None], log: Log = _nolog,
-               lp_stats: _LPStats | None = None,
+               lp_stats: _LPStats | None = None, above: Set[str] = frozenset(),
+               only_narrow: bool = False,
                ) -> list[tuple[list[str], dict[str, dict[int, float]], dict[str, float]]]:
     """Stage 8: the wide stage (``wide.fit_wide``) once per state of the probe's ``record``,
     in priority order, each with its carrier and the triggers of the states before it kept
@@ -266,17 +267,19 @@ def fit_states(record: Mapping[str, Any], forms: Sequence[str], widths: Mapping[
     uses, own uses) per state.
 
     A record without states (one carrier, as written before the states) is one state of
-    every 512-bit form."""
+    every 512-bit form. ``above``: the triggers of states of another mode before these
+    (``palmed.dirty``: the 512-bit ones); ``only_narrow``: ``wide.fit_wide``'s."""
     states = record.get("states") or [{"carrier": record["carrier"],
                                        "trigger": split(forms, widths)[0]}]
     out = []
-    above: set[str] = set()
+    above = set(above)
     for st in states:
         t0 = time.perf_counter()
         while True:
             step = fit_wide(forms, widths, singletons, rho, saturating, meas, st["carrier"],
                             t_plain=t_plain, classes=classes, config=config, log=log,
-                            lp_stats=lp_stats, own=set(st["trigger"]), above=frozenset(above))
+                            lp_stats=lp_stats, own=set(st["trigger"]), above=frozenset(above),
+                            only_narrow=only_narrow)
             if step.done:
                 break
             run(step.need)

@@ -135,7 +135,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
              classes: Mapping[str, Sequence[str]] | None = None,
              config: PalmedConfig | None = None, log: Log = _nolog,
              lp_stats: _LPStats | None = None, own: Set[str] | None = None,
-             above: Set[str] = frozenset()) -> Step:
+             above: Set[str] = frozenset(), only_narrow: bool = False) -> Step:
     """Stage 8: the wide uses of the vector forms in one state of the mode, on a host where
     ``states.probe`` saw it.
 
@@ -164,6 +164,10 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     fits no form of ``above``, reads no kernel holding one (it is another state's), and
     meets no saturating kernel holding one (its forms keep their plain uses of that
     resource).
+
+    ``only_narrow``: only the narrow forms' uses change in this state (the dirty-upper
+    state, ``palmed.dirty``: its trigger forms and the others run as outside it); the others
+    keep their plain uses, fixed in the joint refit, and the result holds the narrow forms'.
     """
     cfg = config or PalmedConfig()
     forms = [f for f in forms if f not in above]
@@ -198,6 +202,10 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     other = sorted(f for f in forms if not widths.get(f, 0))
     reps = [f for f in vector if rep_of.get(f, f) == f]
     other_reps = [f for f in other if rep_of.get(f, f) == f]
+    # forms whose uses this state leaves alone: plain uses, no kernel of their own
+    fixed = [*(f for f in reps if f in wide), *other_reps] if only_narrow else []
+    if fixed:
+        reps, other_reps = [f for f in reps if f not in wide], []
     # saturating kernel with the carrier -> (its time, the plain one, its construction time)
     plain = {_text(sk_z): (t_z, sk, t) for (sk_z, t_z), (sk, _), t
              in zip(sat, saturating, t_plain or [math.nan] * len(sat), strict=True)}
@@ -225,7 +233,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # p05-like resource moved to another one, which VADDPD xmm did not use: a kernel of the
     # two predicted half its time on a simulated machine with 2 % noise)
     fitted = _fit_forms(core, [*reps, *other_reps], t_of, meas, sat, {}, cfg,
-                        lp_stats or _LPStats(), hold=True)
+                        lp_stats or _LPStats(), hold=True) | {f: {} for f in fixed}
     # a form keeps its plain use of every resource it met in no measured mix beside the
     # carrier: the resources no vector form saturates (for the other forms), and those whose
     # saturating kernel may not meet the carrier (legacy SSE on a host with the SSE/AVX
@@ -234,10 +242,10 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # and of every resource against which its balanced mix rose as in the plain model
     met = {f: {r for r, (sk, t_sk) in enumerate(sat) if _met(f, sk, t_sk, t_of[f], meas, cfg)
                and not settled(sk, f)}
-           for f in [*reps, *other_reps]}
+           for f in [*reps, *other_reps]} | {f: set() for f in fixed}
     fitted = {f: {r: v for r, v in fitted[f].items() if r in met[f]}
               | {r: v for r, v in rho.get(f, {}).items() if r not in met[f]}
-              for f in [*reps, *other_reps]}
+              for f in [*reps, *other_reps, *fixed]}
     refit = cfg.tol >= NOISY_TOL and WIDE_REFIT
     if refit:
         fitted = _refit_mode(fitted, len(sat), met, t_of, meas, rep_of, mine, cfg,
@@ -262,6 +270,8 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # RMS, 11.9 % refitted from the same database with this floor). After the refit (which
     # left the kernels at that floor free, as the plain one does) the floor is a resource
     # of the form's own (``refit._owned``); without it, the largest use is raised to it
+    if fixed:
+        fitted = {f: u for f, u in fitted.items() if f in narrow}
     floor = {f: max(singletons[f], t_of[f]) for f in fitted}
     if refit:
         fitted = {f: {r: v for r, v in u.items() if v > 0} or dict(rho.get(f, {}))

@@ -1,0 +1,109 @@
+"""Stage 8 of a build (``Build.wide``): the uses of forms in the host's modes, fitted after
+the plain model, in the order predictions consult them: the 512-bit mode's states
+(``palmed.wide``, ``palmed.states``), then the dirty-upper state (``palmed.dirty``)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from cpumap.isa import transition
+from cpumap.measure.asmgen import parse_canonical
+from cpumap.model.palmed.config import Log, PalmedConfig, _nolog
+from cpumap.model.palmed.dirty import above
+from cpumap.model.palmed.lp import _LPStats
+from cpumap.model.palmed.states import fit_states
+from cpumap.model.resmodel import OWN, ResourceModel, private
+from cpumap.model.resmodel import predict as resmodel_predict
+
+Measure = Callable[[list[str]], Sequence[float]]
+
+
+class Build(Protocol):
+    """What stage 8 reads and writes of a ``palmed.build.Build``."""
+
+    config: PalmedConfig
+    forms: list[str]
+    meas: dict[str, float]
+    counts: dict[str, int]
+    wall: dict[str, float]
+    lp: dict[str, dict[str, float]]
+    apart: dict[str, str]
+    avoided: list[str]
+    widths: dict[str, int]
+    wide_mode: dict[str, Any]
+    dirty: dict[str, Any]
+    dirty_widths: dict[str, int]
+
+    @property
+    def singletons(self) -> dict[str, float]: ...
+
+    def run(self, stage: str, kernels: Sequence[str], measure: Measure, log: Log) -> None: ...
+
+    def training(self, wide: bool = False) -> list[str]: ...
+
+
+def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequence[float],
+              log: Log = _nolog) -> None:
+    """The vector forms' uses beside a 512-bit form, then the legacy-SSE forms' beside a
+    256-bit one, where the probes saw the modes, set in ``model.wide`` in that order; the
+    probes' records go to the model's provenance either way. ``t_plain``: the saturating
+    kernels' construction times, which found the plain stages' mixes."""
+    for key, record in (("wide", b.wide_mode), ("dirty_upper", b.dirty)):
+        if record:
+            model.provenance[key] = dict(record)
+    seen = b.wide_mode.get("observed"), b.dirty.get("observed")
+    if not any(seen):
+        return
+    t0 = time.perf_counter()
+    # the kernels the plain stages kept apart for a mode are the wide stage's own (a
+    # mix of a narrow form with a 512-bit saturating kernel is the same kernel in both):
+    # no longer known as failed, so that the stage asks for them
+    mode = {k for k in b.avoided if not transition.mixes(parse_canonical(k), b.apart)}
+    b.avoided = [k for k in b.avoided if k not in mode]
+    for k in mode:
+        b.meas.pop(k, None)
+    # the shared resources: those with a saturating kernel (own resources are the plain
+    # uses' business, a form in the mode gets its own below)
+    shared = [r for r in model.resources if not private(r)]
+    index = {r: i for i, r in enumerate(shared)}
+    rho = {f: {index[r]: v for r, v in u.items() if r in index} for f, u in model.rho.items()}
+    texts = [model.provenance["resources"][r]["saturating"] for r in shared]
+    # a saturating kernel whose measurement failed is sized by the model's prediction
+    saturating = [(sk, m if math.isfinite(m := b.meas.get(t, math.nan))
+                   else resmodel_predict(model, sk)[0])
+                  for t in texts for sk in [parse_canonical(t)]]
+    classes = model.provenance.get("behaviour_classes") or {}
+    fitted = []
+    for stage, key, record, widths in (("wide", "wide", b.wide_mode, b.widths),
+                                       ("wide-dirty", "dirty_upper", b.dirty, b.dirty_widths)):
+        if not record.get("observed"):
+            continue
+        dirty = stage != "wide"
+        if not dirty:  # fitted only by its refit (``wide._refit_mode``)
+            b.run("wide-training", b.training(wide=True), measure, log)
+        st = _LPStats()
+
+        def run(need: list[str], stage: str = stage) -> None:
+            b.run(stage, need, measure, log)
+
+        fitted += fit_states(record, b.forms, widths, b.singletons, b.meas, rho, saturating,
+                             t_plain, classes, b.config, run, log, st,
+                             above(b.wide_mode, b.widths) if dirty else frozenset(),
+                             only_narrow=dirty)
+        model.provenance[key]["kernels"] = b.counts.get(stage, 0)
+        b.lp[stage] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}
+    rep_of = {m: rep for rep, members in classes.items() for m in members}
+    unit = {f: r for f, u in model.rho.items() for r in u if r.startswith(OWN)}  # plain
+    states = [{"trigger": trigger,
+               "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
+                       | ({unit.get(f, OWN + rep_of.get(f, f)): own[f]} if f in own else {})
+                       for f, u in sorted(uses.items())}} for trigger, uses, own in fitted]
+    model.wide = states[0] | ({"next": states[1:]} if states[1:] else {})
+    model.resources = shared + sorted({*(r for r in model.resources if private(r)),
+                                       *(unit.get(f, OWN + rep_of.get(f, f))
+                                         for _, _, own in fitted for f in own)})
+    model.provenance["kernels"] = dict(b.counts)
+    b.wall["wide"] = b.wall.get("wide", 0.0) + time.perf_counter() - t0
