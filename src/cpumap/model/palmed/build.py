@@ -482,5 +482,4 @@ def build_model(forms: Sequence[str], measure: Measure, *, config: PalmedConfig 
     dirty-upper probe and state (``Build.start``).
     """
     return Build.start(forms, measure, config, log, apart, widths,
-                       dirty=dirty).fit(measure, log, probes,
-                                                                        provenance)
+                       dirty=dirty).fit(measure, log, probes, provenance)

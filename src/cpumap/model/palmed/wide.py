@@ -260,7 +260,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     log(f"wide: {sum(same.values())} of {len(same)} balanced mixes beside the carrier rose "
         "as in the plain model: their plain uses kept, their lighter proportions not measured")
     log(f"wide: wide uses of {len(vector)} vector forms ({len(narrow)} narrower, "
-        f"{len(wide)} 512-bit; {len(reps)} representatives) against {len(sat)} resources "
+        f"{len(wide)} triggers; {len(reps)} representatives) against {len(sat)} resources "
         f"with carrier {z}, and of {len(other)} other forms ({len(other_reps)} "
         f"representatives) against the {len(vres)} a vector form saturates")
     # a form is never faster beside other forms than alone, nor a narrow one than beside the
