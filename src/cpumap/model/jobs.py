@@ -33,6 +33,7 @@ from cpumap.model.outside import (
 )
 from cpumap.model.palmed import NON_ADDITIVE_SHARE, PalmedConfig
 from cpumap.model.palmed.build import Build
+from cpumap.model.palmed.dirty import DIRTY_BITS
 from cpumap.store import db, files
 
 #: Palmed's tolerance on real hardware when ``model.tol`` is null.
@@ -180,7 +181,7 @@ def pairs_job(job: StageJob, forms: list[str], not_modelled: Mapping[str, str], 
                     transition.vector_lengths(cat) if wide else None, transition.carriers(cat),
                     first, transition.plain_forms(cat),
                     dict(zip(cat["name"], cat["encoding"], strict=True)),
-                    (fams, transition.carriers(cat, 256)) if wide and not penalty else None)
+                    (fams, transition.carriers(cat, DIRTY_BITS)) if wide and not penalty else None)
     b.info["not_modelled"] = dict(sorted(not_modelled.items()))
     if sse_avx is not None:
         b.info["sse_avx_transition"] = {

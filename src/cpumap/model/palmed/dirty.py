@@ -22,11 +22,11 @@ of a 512-bit state are the *triggers* (the 512-bit ones' role), the legacy-SSE f
    candidate in a balanced kernel with a register-only 256-bit carrier
    (``transition.carriers(cat, 256)``), against the same kernel with the carrier's 128-bit
    VEX twin (``twin``), which runs alike alone (within 2 tol, both measured) and leaves the
-   upper halves clean. The 512-bit
-   probe's way (the form's time a copy beside the carrier) cannot see it: the merge μop goes
-   to other ports than the form's own (``MOVSD`` loads), so the form alone is no slower, but
-   the kernel beside a carrier on the FP pipes is. Slower by more than ``MODE_TOLS`` tol in
-   ``STATE_MIN_PROBES`` probes measured twice: the state is seen; none: nothing more.
+   upper halves clean. The 512-bit probe's way (the form's time a copy beside the carrier)
+   cannot see it: the merge μop goes to other ports than the form's own (``MOVSD`` loads),
+   so the form alone is no slower, but the kernel beside a carrier on the FP pipes is.
+   Slower by more than ``MODE_TOLS`` tol in ``STATE_MIN_PROBES`` probes measured twice: the
+   state is seen; none: nothing more.
 2. Seen: the plain stages keep the two families apart (the plain model is the clean state).
 3. **Fit** (``Build.wide``, after the 512-bit states): ``states.fit_states`` with
    ``only_narrow``: the SSE forms' uses beside the carrier against every resource; the
@@ -105,7 +105,8 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     record: dict[str, Any] = {"observed": False, "wide_forms": len(wide),
                               "narrow_forms": len(narrow)}
     t_tol = max(cfg.tol, 1e-9)
-    zs = sorted((z for z in set(wide) & set(carriers) if twin(z) in singletons
+    # (a 512-bit carrier, where no 512-bit state took it, has no twin: its name is its own)
+    zs = sorted((z for z in set(wide) & set(carriers) if twin(z) != z and twin(z) in singletons
                  and abs(singletons[twin(z)] - singletons[z]) <= 2 * t_tol * singletons[z]),
                 key=lambda z: (singletons[z], z))[:MAX_CARRIERS]
     probes = sorted(set(narrow) & set(candidates))
@@ -126,12 +127,11 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
         seen = {zf: meas[_text(a)] / meas[_text(b)] for zf, (a, b) in pairs.items()
                 if _ok(meas, _text(a)) and _ok(meas, _text(b))}
         first, again = (seen, again) if times == 2 else (first, seen)
-    ratio = first
     slower = {zf for zf, v in again.items() if min(v, first[zf]) > slow_at}
     by = {z: sum(zf[0] == z for zf in slower) for z in zs}
     z0 = max(zs, key=lambda z: (by[z], -singletons[z]))
     record.update(carrier=z0, carriers=len(zs), probes=len(probes),
-                  probe_max_slowdown=round(max(ratio.values(), default=float("nan")), 4),
+                  probe_max_slowdown=round(max(first.values(), default=float("nan")), 4),
                   probes_slower=len(slower),
                   observed=len(slower) >= min(STATE_MIN_PROBES, len(probes)))
     if not record["observed"]:
