@@ -225,3 +225,40 @@ def test_a_kernel_only_unstable_waits_only_when_patient(monkeypatch, patient):
     assert len(calls) == (11 if patient else 8)
     assert bool(got.unstable) is not patient
     assert got.cycles_per_instance_est == pytest.approx(1.0, rel=0.002)
+
+
+def test_judging_some_kernels_builds_their_rows_at_the_whole_batch_clock():
+    """After the first rounds only the kernels the last round measured are judged
+    (batch._unsettled's ``only``): their rows are those of the whole batch, and the batch's
+    clock still comes from every kernel's calibration samples."""
+    rng = np.random.default_rng(3)
+    metas = [asmgen.KernelMeta(i, k, asmgen.kernel_id(k), 1, 20, 1000, 1, 2, 20_000)
+             for i, k in enumerate([ADD, MOV, "IMUL_R64_R64", "ADD_R64_M64"])]
+    results = []
+    for rnd, todo in enumerate([[0, 1, 2, 3]] * 3 + [[0, 1, 2]]):
+        rows = []
+        for i in todo:
+            for rep in range(8):
+                # the samples of kernel 3 (settled after round 3) read the fastest clock
+                cal1 = 20_000 + (0 if i == 3 else int(rng.integers(5, 400)))
+                rows.append({"index": i, "rep": rep, "iters": 1000, "stable": True,
+                             "ticks1": 5_000 + int(rng.integers(0, 50)), "cycles1": -1,
+                             "ticks2": 9_000 + int(rng.integers(0, 50)), "cycles2": -1,
+                             "cal1": cal1, "cal2": 2 * cal1 - 50, "cal_adds": 28_000})
+        res = harness.BatchResult("tsc-calibrated", "derived", RATIO, RATIO, rows)
+        if rnd == 3:
+            res.failures = {2: "SIGSEGV"}
+        results.append(res)
+    now = pd.Timestamp(0, tz="UTC")
+    whole = batch.rows_from_rounds(results, metas, "m", "b", {}, now, (0,))
+    some = batch.rows_from_rounds(results, metas, "m", "b", {}, now, (0,), keep={0, 1, 2})
+    assert len(whole) == 4 * 8 * 3 + 2 * 8 + 1 - 3 * 8  # kernel 2 failed: one row
+    expect = whole[whole.kernel != "ADD_R64_M64"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(some, expect)
+    # the batch ratio from the samples alone is the one from every row, kernel 3's included
+    ok = whole[whole.status == "ok"]
+    cal = batch._calibration_rows(results, "m", "b", {}, now)
+    assert len(cal) == len(ok)
+    got, want = estimate.batch_ratios(cal), estimate.batch_ratios(ok)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert want != pytest.approx(estimate.batch_ratios(some[some.status == "ok"]), rel=1e-6)
