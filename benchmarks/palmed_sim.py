@@ -67,7 +67,7 @@ def evaluate(model: resmodel.ResourceModel, machine: SimulatedMachine,
 
 
 def run_one(ports: int, forms: int, noise: float, seed: int, tests: int,
-            verbose: bool) -> dict:
+            verbose: bool, training: int = 0, training_weight: float = 1.0) -> dict:
     """Build and evaluate one simulated machine; print its figures; return them."""
     mapping = synthetic_mapping(ports, forms, seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +79,8 @@ def run_one(ports: int, forms: int, noise: float, seed: int, tests: int,
     # near-twins sinks the others (10p/300f at 2 %, seeds 0-2: 2.84/7.85/7.03 % RMS with
     # rounds of 4, 3.66/4.34/4.98 % with rounds of 2)
     batch = NATIVE_REFINE_BATCH if noise else palmed.PalmedConfig.refine_batch
-    cfg = palmed.PalmedConfig(tol=max(1e-6, 3.5 * noise), seed=seed, refine_batch=batch)
+    cfg = palmed.PalmedConfig(tol=max(1e-6, 3.5 * noise), seed=seed, refine_batch=batch,
+                              training_kernels=training, training_weight=training_weight)
     log = (lambda s: print("  " + s, file=sys.stderr)) if verbose else (lambda s: None)
     t0 = time.perf_counter()
     model, stats = build_model(machine.forms, machine.measure, config=cfg, log=log)
@@ -154,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tests", type=int, default=2000)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--training", type=int, default=0,
+                    help="random training kernels of 2-5 forms for the joint refit "
+                    "(model.training_kernels: 2,000 in the default run, 25,000 in the full "
+                    "profile); never the held-out ones")
+    ap.add_argument("--training-weight", type=float, default=1.0,
+                    help="their weight in the joint refit (model.training_weight)")
     ap.add_argument("--workers", type=int, default=1,
                     help="processes for the per-form LPs of noisy fitting passes")
     ap.add_argument("--matrix", action="store_true",
@@ -178,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runs = [(args.ports, args.forms, args.noise)]
     for ports, forms, noise in runs:
-        run_one(ports, forms, noise, args.seed, args.tests, args.verbose)
+        run_one(ports, forms, noise, args.seed, args.tests, args.verbose, args.training,
+                args.training_weight)
     return 0
 
 

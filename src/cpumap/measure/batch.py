@@ -319,14 +319,16 @@ def _unsettled(results: list, metas: list, bench: BenchSettings, mons: Sequence[
     unsettled (the fastest calibration chains of the best round not matched by another
     round: a neighbour slows the add chain too); nothing when everything settled.
 
-    ``only``: the kernels the last round measured (the monitors are always judged). A kernel
-    left out of a round keeps its rows and so its verdict; its rows are not built again, but
-    their calibration samples still give the batch's clock (:func:`_calibration_rows`), so
-    each judged kernel's estimate is what judging the whole batch gives. Why: the judgement
-    builds the rows of every round, and a 2,000-kernel batch of the default run has 350,000
-    of them after eight rounds: rebuilt after each round, about 7 s a round (Emerald
-    Rapids-class guest, 2026-11-29) while its last rounds measured 44-113 kernels in well
-    under a second."""
+    ``only``: the kernels the last round measured (the monitors are always judged); the
+    others got no new rows and are not judged again. Their calibration samples still give
+    the batch's clock (:func:`_calibration_rows`), so each judged kernel's verdict is the one
+    judging the whole batch gives it. Why: the judgement builds the rows of every round, and
+    a 2,000-kernel batch of the default run has 350,000 of them after eight rounds: rebuilt
+    after each round, about 7 s a round (Emerald Rapids-class guest, 2026-11-29) while its
+    last rounds measured 44-113 kernels in well under a second. What it changes: judged
+    whole after its eighth round, that batch had 54 kernels unstable, the 42 of the 44 it
+    measured last and 12 others the new samples' nudge to the batch's clock tipped over
+    its tolerance; those stay as the round before judged them."""
     keep = None if only is None else {*only, *mons}
     ts0 = pd.Timestamp(0, tz="UTC")
     df = rows_from_rounds(results, metas, "m", "b", {}, ts0, mons, keep=keep)
