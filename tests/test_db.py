@@ -140,7 +140,9 @@ def test_measured_keys(tmp_path: Path) -> None:
     other_params = make_rows("b2", {"D": [1.0]}, params={"unroll_size": 100})
     other_machine = make_rows("b3", {"E": [1.0]}, machine_id="intel-x-f6-m8f-11111111")
     other_harness = make_rows("b4", {"F": [1.0]}, harness_version="2")
-    for rows in (ok, failed, other_params, other_machine, other_harness):
+    # a batch's noise monitor is no measurement of its kernel
+    monitor = make_rows("b5", {"G": [1.0], "A": [1.0]}).assign(role=["monitor", "kernel"])
+    for rows in (ok, failed, other_params, other_machine, other_harness, monitor):
         db.append(d, rows)
     keys = db.measured_keys(d, mid, db.params_id(PARAMS), "1")
     assert keys == set(ok["kernel_id"])
