@@ -67,6 +67,8 @@ MODEL_JSON = f"{MDIR}/model/model.json"
 PALMED_STATE = f"{MDIR}/model/stages/{{pstage}}.json"
 PALMED_PLAN = f"{MDIR}/model/stages/{{pstage}}-plan.json"
 PALMED_PART = f"{MDIR}/db/part-palmed-{{pstage}}-{{batch}}.parquet"
+PALMED_COMPILED = f"{MDIR}/model/compiled/{{pstage}}-{{batch}}.json"
+PALMED_SO = f"{MDIR}/model/compiled/{{pstage}}-{{batch}}.so"
 MODEL_REPORT = f"{MDIR}/model/report.md"
 LOGS = f"{MDIR}/logs"
 

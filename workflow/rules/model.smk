@@ -49,6 +49,31 @@ checkpoint palmed_pairs:
         "../scripts/palmed_stage.py"
 
 
+rule palmed_compile:
+    # Generation and compilation of a Palmed batch, a job of its own as compile_batch is for
+    # the singletons: the next batch compiles on one core while the other measures (a full
+    # profile's 28 mapping batches of 5,000 kernels spent 505 s compiling inside their
+    # measuring jobs, Emerald Rapids-class guest, 2026-11-29).
+    input:
+        plan=ancient(PALMED_PLAN),
+        forms=FORMS,
+        machine=MACHINE_JSON,
+    output:
+        prepared=temp(PALMED_COMPILED),
+        so=temp(PALMED_SO),
+    log:
+        f"{LOGS}/measure/compile-palmed-{{pstage}}-{{batch}}.log",
+    wildcard_constraints:
+        pstage="pairs|mapping",
+    params:
+        bench=config["bench"],
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/compile_batch.py"
+
+
 rule palmed_measure:
     input:
         # ancient: a batch id is a hash of its kernels, so a plan rewritten with the same
@@ -58,6 +83,8 @@ rule palmed_measure:
         forms=FORMS,
         machine=MACHINE_JSON,
         harness=HARNESS_BIN,
+        compiled=lambda wildcards: PALMED_COMPILED.format(**wildcards) if NATIVE else [],
+        so=lambda wildcards: PALMED_SO.format(**wildcards) if NATIVE else [],
     output:
         part=PALMED_PART,
     log:

@@ -1,4 +1,5 @@
-"""Rule compile_batch: generate and compile one singleton batch (cpumap.measure.batch)."""
+"""Rules compile_batch and palmed_compile: generate and compile one batch of a plan
+(cpumap.measure.batch)."""
 
 import json
 import sys
