@@ -87,10 +87,16 @@ def measuring(measurer: Measurer, stage: str) -> Callable[[list[str]], list[floa
         round_no[0] += 1
         got = measurer.measure(kernels, stage=f"palmed-{stage}{round_no[0]:03d}")
         missing = [k for k in kernels if k not in got]
-        if missing:
-            # Palmed leaves failed kernels out (NaN); the DB keeps their failed rows
-            print(f"{len(missing)} kernels could not be measured, e.g. {missing[0]!r}",
+        # Palmed leaves them out (NaN); the DB keeps their rows: failed ones, and those
+        # measured but less certain than Palmed's tolerance (a noisy host's, most of them)
+        vague = [k for k in missing if k in measurer.too_uncertain]
+        failed = [k for k in missing if k not in measurer.too_uncertain]
+        if failed:
+            print(f"{len(failed)} kernels could not be measured, e.g. {failed[0]!r}",
                   flush=True)
+        if vague:
+            print(f"{len(vague)} kernels left out, less certain than the tolerance "
+                  f"({measurer.max_uncertainty:.1%}), e.g. {vague[0]!r}", flush=True)
         return [got.get(k, math.nan) for k in kernels]
 
     return measure
