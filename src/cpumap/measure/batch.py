@@ -444,8 +444,8 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now,
     """DB rows of the measured repetitions of one harness run (failures: rows_from_rounds),
     as a table built column by column: a full-profile batch has a quarter of a million
     repetitions, and a dict per row then a frame of them were most of the 7 s a 2,000-kernel
-    batch's judgement took after each round (Emerald Rapids-class guest, 2026-11-29; on a
-    real batch's 166,694 repetitions, 9.4 s -> 2 s for its rows). ``round_no`` and ``reps``
+    batch's judgement took after each round (Emerald Rapids-class guest, 2026-11-29;
+    ``benchmarks/rounds_speed.py``). ``round_no`` and ``reps``
     (one per row) replace the rows' own ``round`` and ``rep``.
 
     Every repetition is stored as ``ok`` with its raw ticks, even one whose f2 - f1 is not
