@@ -319,16 +319,12 @@ def _unsettled(results: list, metas: list, bench: BenchSettings, mons: Sequence[
     unsettled (the fastest calibration chains of the best round not matched by another
     round: a neighbour slows the add chain too); nothing when everything settled.
 
-    ``only``: the kernels the last round measured (the monitors are always judged); the
-    others got no new rows and are not judged again. Their calibration samples still give
-    the batch's clock (:func:`_calibration_rows`), so each judged kernel's verdict is the one
-    judging the whole batch gives it. Why: the judgement builds the rows of every round, and
-    a 2,000-kernel batch of the default run has 350,000 of them after eight rounds: rebuilt
-    after each round, about 7 s a round (Emerald Rapids-class guest, 2026-11-29) while its
-    last rounds measured 44-113 kernels in well under a second. What it changes: judged
-    whole after its eighth round, that batch had 54 kernels unstable, the 42 of the 44 it
-    measured last and 12 others the new samples' nudge to the batch's clock tipped over
-    its tolerance; those stay as the round before judged them."""
+    ``only``: the kernels the last round measured (and the monitors); the others got no
+    new rows and are not judged again, but their samples still give the batch's clock
+    (:func:`_calibration_rows`). Why: rebuilding every round's rows (350,000 in a
+    2,000-kernel batch after eight rounds) took about 7 s a round (Emerald Rapids-class
+    guest, 2026-11-29) while the last rounds measured 44-113 kernels. Judged whole, that
+    batch also had 12 kernels the last samples' nudge to the clock tipped over tolerance."""
     keep = None if only is None else {*only, *mons}
     ts0 = pd.Timestamp(0, tz="UTC")
     df = rows_from_rounds(results, metas, "m", "b", {}, ts0, mons, keep=keep)
@@ -369,9 +365,8 @@ def _failed_kernels(results) -> dict[int, str]:
 
 
 def _calibration_rows(results, machine_id, batch_id, params, now) -> pd.DataFrame:
-    """The calibration samples of all rounds' ok rows, with the columns
-    ``estimate.batch_ratios`` groups them by and their round: the rows
-    :func:`rows_from_rounds` would give them, built without the rest of each row."""
+    """All rounds' ok rows' calibration samples, with their round and the columns
+    ``estimate.batch_ratios`` groups by: :func:`rows_from_rounds`'s, nothing else."""
     failed = _failed_kernels(results)
     cal = [(rnd, r["cal1"], r["cal2"], r.get("cal_adds", np.nan))
            for rnd, res in enumerate(results) for r in res.rows
@@ -385,8 +380,8 @@ def _calibration_rows(results, machine_id, batch_id, params, now) -> pd.DataFram
 
 def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
                      mons: Sequence[int] = (), keep: set[int] | None = None) -> pd.DataFrame:
-    """DB rows of all rounds: a kernel that failed in any round gets one failed row only.
-    ``keep``: only those kernels' rows (their clocks still come from every row's samples)."""
+    """DB rows of all rounds: a kernel that failed in any round gets one failed row only;
+    only the ``keep`` kernels' if given (their clocks still from every row's samples)."""
     failed = _failed_kernels(results)
     frames: list[pd.DataFrame] = []
     reps_done: dict[int, int] = {}
@@ -442,11 +437,8 @@ def rows_from_result(res, metas, machine_id, batch_id, params, now,
                      mons: Sequence[int] = (), round_no: int | None = None,
                      reps: Sequence[int] | None = None) -> pd.DataFrame:
     """DB rows of the measured repetitions of one harness run (failures: rows_from_rounds),
-    as a table built column by column: a full-profile batch has a quarter of a million
-    repetitions, and a dict per row then a frame of them were most of the 7 s a 2,000-kernel
-    batch's judgement took after each round (Emerald Rapids-class guest, 2026-11-29;
-    ``benchmarks/rounds_speed.py``). ``round_no`` and ``reps``
-    (one per row) replace the rows' own ``round`` and ``rep``.
+    built column by column (a dict per repetition, then a frame of them, was most of the
+    judgement's 7 s above). ``round_no``, ``reps`` (one per row): the rows' round and rep.
 
     Every repetition is stored as ``ok`` with its raw ticks, even one whose f2 - f1 is not
     positive (its f1 call was disturbed): the estimate takes each call kind's undisturbed
