@@ -477,3 +477,11 @@ def test_a_large_request_is_measured_and_stored_in_several_batches(tmp_path, mon
     assert len(db.part_paths(tmp_path / "three")) == 3 and chunked.measured_now == 5
     assert len(db.part_paths(tmp_path / "one")) == 1
     assert measurer("three").measure(kernels, stage="s") == whole  # from the database
+
+
+def test_each_kernels_clocks_are_listed_sorted_once():
+    """The aggregate's ``clock`` column: every clock a kernel's rows ran under, sorted and
+    once each ("" for none); computed from the distinct pairs, not by a call per kernel."""
+    gid = np.array([0, 0, 1, 1, 1, 2, 3, 3])
+    clock = pd.Series(["tsc", "tsc", "tsc", "papi", None, None, "papi", "papi"])
+    assert estimate._clocks(clock, gid, 5).tolist() == ["tsc", "papi,tsc", "", "papi", ""]

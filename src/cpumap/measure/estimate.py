@@ -271,6 +271,24 @@ def _keeps_batch_clock(ok: pd.DataFrame, slower: pd.Series, keys: list[str]) -> 
     return keep[gid]
 
 
+def _clocks(clock: pd.Series, gid: np.ndarray, n: int) -> np.ndarray:
+    """Each group's clocks (``tsc``, ``papi``), sorted and joined by commas ("" for none).
+
+    From the distinct (group, clock) pairs: a lambda per group cost 1-2 s a judgement of a
+    5,000-kernel batch, where nearly every group has one clock."""
+    pairs = pd.DataFrame({"g": gid, "c": clock.to_numpy()}).dropna()
+    pairs = pairs.assign(c=pairs["c"].astype(str)).drop_duplicates() \
+        .sort_values(["g", "c"], kind="stable")
+    out = np.full(n, "", dtype=object)
+    single = ~pairs["g"].duplicated(keep=False)
+    out[pairs["g"][single].to_numpy()] = pairs["c"][single].to_numpy()
+    several = pairs[~single]
+    if len(several):
+        joined = several.groupby("g")["c"].agg(",".join)
+        out[joined.index.to_numpy()] = joined.to_numpy()
+    return out
+
+
 def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
               ratios: dict[tuple[str, str], float] | None = None) -> pd.DataFrame:
     """One row per (machine_id, kernel_id, params_id) over the ``ok`` repetitions (columns
@@ -297,9 +315,11 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
     sort = [c for c in ("batch_id", "rep") if c in ok.columns]
     ok = ok.sort_values(sort, kind="stable") if sort else ok
     if ratios and "batch_id" in ok:
-        pooled = pd.Series([ratios.get((str(b), str(p))) for b, p in
-                            zip(ok["batch_id"], ok["params_id"], strict=True)],
-                           index=ok.index, dtype="float64")
+        # looked up once per (batch, parameter set), not per row: a batch has 10^5 rows
+        codes, pairs = pd.factorize(pd.MultiIndex.from_arrays(
+            [ok["batch_id"].astype(str), ok["params_id"].astype(str)]))
+        per_pair = np.array([ratios.get(pair, np.nan) for pair in pairs], dtype="float64")
+        pooled = pd.Series(per_pair[codes], index=ok.index)
         ok["calib_ratio"] = pooled.where(pooled.notna(), ok["calib_ratio"])
     if "local_ratio" in ok:
         # a repetition run at a slower clock than the batch's fastest level (an Intel core's
@@ -323,8 +343,7 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
                      reps=("kernel", "size"), calib_ratio=("calib_ratio", "median"),
                      _inst=("instances", "median"),
                      _value=("cycles_per_instance", "median")).reset_index()
-    out["clock"] = groups["clock"].agg(
-        lambda v: ",".join(sorted({str(x) for x in v.dropna()}))).to_numpy()
+    out["clock"] = _clocks(ok["clock"], gid, len(out))
     n = len(out)
     step, omax = _bounds(out["calib_ratio"].fillna(1.0).to_numpy("float64"),
                          out["_inst"].to_numpy("float64"))
