@@ -388,3 +388,47 @@ def test_a_vector_form_after_a_heavy_one_runs_at_its_own_clock(catalogue_df, hos
     unc = m.uncertainty(["ADDPD_XMM_XMM"])["ADDPD_XMM_XMM"]
     assert 0.0 <= unc < MAX_UNCERTAINTY
     assert 0.5 * (0.96 - unc) <= got["ADDPD_XMM_XMM"] <= 0.5 * (1.15 + unc)
+
+
+def test_a_long_request_measures_each_batch_compiled_ahead_in_a_worker(catalogue_df, host,
+                                                                       tmp_path, monkeypatch):
+    """With ``prepare_ahead`` (fit_model's two cores) the next batch of a long request is
+    generated and compiled in a worker process while one is measured; a worker that cannot
+    prepare it (here: a function it cannot be sent) leaves it to be prepared as before. Both
+    ways every batch is measured and stored, and ADDPD xmm reads its 0.5 cycles (two FP add
+    pipes on every host cpumap runs on)."""
+    from cpumap.measure import backend, batch
+    from cpumap.measure.settings import BenchSettings
+    from cpumap.store import db
+
+    monkeypatch.setattr(backend, "MEASURE_CHUNK", 2)
+    kernels = ["ADDPD_XMM_XMM", "MULPD_XMM_XMM", "ADDPD_XMM_XMM*2 MULPD_XMM_XMM",
+               "SUB_R64_R64"]
+    harness_bin = harness.build_harness(tmp_path / "bin")
+
+    def measured(where: str) -> tuple[dict[str, float], list[str], backend.Measurer]:
+        said: list[str] = []
+        m = backend.Measurer(host, catalogue_df, BenchSettings(), tmp_path / where / "db",
+                             tmp_path / where / "work", harness_bin=harness_bin,
+                             log=said.append)
+        m.prepare_ahead = True
+        got = m.measure(kernels, "ahead")
+        assert sorted(got) == sorted(kernels) and all(v > 0 for v in got.values())
+        assert len(db.part_paths(tmp_path / where / "db")) == 2 and m.measured_now == 4
+        unc = m.uncertainty(["ADDPD_XMM_XMM"])["ADDPD_XMM_XMM"]
+        assert 0.5 * (0.96 - unc) <= got["ADDPD_XMM_XMM"] <= 0.5 * (1.15 + unc)
+        return got, said, m
+
+    _, said, _ = measured("worker")
+    assert sum("compiled in a worker process" in s for s in said) == 2
+    assert not any("could not prepare" in s for s in said)
+
+    original = batch.prepare_batch
+
+    def unsendable(*args, **kwargs):  # a local function: no worker process can import it
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "prepare_batch", unsendable)
+    _, said, _ = measured("inline")
+    assert sum("could not prepare it" in s for s in said) == 2
+    assert sum(": generated and compiled" in s for s in said) == 2

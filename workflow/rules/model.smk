@@ -205,7 +205,9 @@ rule fit_model:
         machine=config["machine"],
         model=config["model"],
         workdir=f"{MDIR}/model/work/remaining",
-    threads: 2  # the per-form LPs of noisy fitting passes run in two processes
+    # the per-form LPs of noisy fitting passes run in two processes, and the next batch
+    # of a refinement round compiles while one measures
+    threads: 2
     resources:
         measure_slots=1,
     conda:
