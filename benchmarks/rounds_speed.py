@@ -10,7 +10,7 @@ is. Prints the seconds of:
 
 - the judgement after each round past the third (``batch._unsettled``), with ``only`` the
   kernels the last round measured, as ``batch._rounds`` calls it, and over the whole batch;
-- building the batch's DB rows once (``batch.rows_from_rounds`` and ``db.conform``).
+- building the batch's DB rows once (``rows.rows_from_rounds`` and ``db.conform``).
 
 The rounds' own harness time is not here: a round of 100 kernels measures in well under a
 second, so a judgement taking seconds is what a batch's later rounds cost.
@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from cpumap.measure import asmgen, batch, harness, quiet
+from cpumap.measure.rows import rows_from_rounds
 from cpumap.measure.settings import BenchSettings
 from cpumap.store import db
 
@@ -81,7 +82,7 @@ def main() -> None:
         print(f"after round {n + 1} ({len(last)} kernels measured): judged {some:.2f} s, "
               f"the whole batch judged {whole:.2f} s")
     t = time.perf_counter()
-    rows = db.conform(batch.rows_from_rounds(results, metas, "m", "b", {},
+    rows = db.conform(rows_from_rounds(results, metas, "m", "b", {},
                                              pd.Timestamp.now(tz="UTC"), mons))
     print(f"DB rows of the batch: {len(rows):,} in {time.perf_counter() - t:.2f} s")
 

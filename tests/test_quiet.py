@@ -12,6 +12,7 @@ import pytest
 from test_estimate import noisy_rows
 
 from cpumap.measure import asmgen, batch, estimate, harness, quiet
+from cpumap.measure.rows import calibration_rows, rows_from_rounds
 from cpumap.measure.settings import BenchSettings
 
 ADD, MOV = quiet.MONITOR_KERNELS
@@ -122,7 +123,7 @@ def run_rounds(metas, reference, settle_s: float = 20.0, patient: bool = False
     said: list[str] = []
     results = batch._rounds("x.so", 3, [0, 1, 2], metas, bench, "papi_bench", "b", (0, 1),
                             said.append, reference=reference, patient=patient)
-    rows = pd.DataFrame(batch.rows_from_rounds(results, metas, "m", "b", {},
+    rows = pd.DataFrame(rows_from_rounds(results, metas, "m", "b", {},
                                                pd.Timestamp(0, tz="UTC"), (0, 1)))
     return said, rows, estimate.aggregate(rows).set_index("kernel").loc["IMUL_R64_R64"]
 
@@ -250,14 +251,14 @@ def test_judging_some_kernels_builds_their_rows_at_the_whole_batch_clock():
             res.failures = {2: "SIGSEGV"}
         results.append(res)
     now = pd.Timestamp(0, tz="UTC")
-    whole = batch.rows_from_rounds(results, metas, "m", "b", {}, now, (0,))
-    some = batch.rows_from_rounds(results, metas, "m", "b", {}, now, (0,), keep={0, 1, 2})
+    whole = rows_from_rounds(results, metas, "m", "b", {}, now, (0,))
+    some = rows_from_rounds(results, metas, "m", "b", {}, now, (0,), keep={0, 1, 2})
     assert len(whole) == 4 * 8 * 3 + 2 * 8 + 1 - 3 * 8  # kernel 2 failed: one row
     expect = whole[whole.kernel != "ADD_R64_M64"].reset_index(drop=True)
     pd.testing.assert_frame_equal(some, expect)
     # the batch ratio from the samples alone is the one from every row, kernel 3's included
     ok = whole[whole.status == "ok"]
-    cal = batch._calibration_rows(results, "m", "b", {}, now)
+    cal = calibration_rows(results, "m", "b", {}, now)
     assert len(cal) == len(ok)
     got, want = estimate.batch_ratios(cal), estimate.batch_ratios(ok)
     assert got == pytest.approx(want, rel=1e-12)

@@ -24,6 +24,7 @@ import pandas as pd
 
 from cpumap.isa import catalogue
 from cpumap.measure import asmgen, batch, blockgen, estimate, harness
+from cpumap.measure.rows import base_row
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
@@ -70,8 +71,8 @@ def simulated_rows(kernels: list[str], sim: Simulator, machine_id: str,
     for text, cycles in zip(kernels, sim.measure(kernels), strict=True):
         k = asmgen.parse_canonical(text)
         canon = asmgen.canonical(k)
-        rows.append(batch.base_row(machine_id, batch_id, params, canon, sum(k.values()),
-                                      backend="simulated", version=SIMULATED_VERSION) | {
+        rows.append(base_row(machine_id, batch_id, params, canon, sum(k.values()),
+                             backend="simulated", version=SIMULATED_VERSION) | {
             "rep": 0, "status": "ok", "error": "", "clock": "simulated", "insn_source": "simulated",
             "ticks1": 0, "ticks2": 0, "cycles1": -1, "cycles2": -1, "calib_ratio": np.nan,
             "instances": 1, "instructions": sum(k.values()), "cycles": cycles,
@@ -86,7 +87,7 @@ def _unsimulated_rows(kernels: list[str], machine_id: str, bench: BenchSettings,
     registers, dependences or memory to run a block's own code on."""
     params = bench.measurement_params() | {"backend": "simulated"}
     now = pd.Timestamp(datetime.now(UTC)).floor("us")
-    return db.conform(pd.DataFrame([batch.base_row(
+    return db.conform(pd.DataFrame([base_row(
         machine_id, batch_id, params, k, blockgen.n_insns(k), backend="simulated",
         version=SIMULATED_VERSION) | {
         "rep": -1, "status": "failed", "timestamp": now,
