@@ -174,7 +174,9 @@ def measure_prepared(prep: Prepared, machine: dict, bench: BenchSettings | Mappi
                           batch_id, mons, say, prep.map_pages,
                           quiet.load_reference(reference, db.params_id(params)),
                           patient=reference_kernels)
+        t_rows = time.monotonic()
         done = rows.rows_from_rounds(results, metas, machine_id, batch_id, params, now, mons)
+        say(f"{batch_id}: {len(done)} DB rows built in {time.monotonic() - t_rows:.1f} s")
         if mons or reference_kernels:
             quiet.update_reference(reference, done, bench.stable_tol,
                                    kernels=reference_kernels)
@@ -243,6 +245,7 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     results: list[harness.BatchResult] = []
     started: list[float] = []
     noisy = False
+    judging = 0.0  # seconds spent judging the rounds, for the batch's closing line
     while True:
         if started:  # rounds apart in time: bursts of interference last seconds
             time.sleep(max(0.0, started[-1] + gap - time.monotonic()))
@@ -262,8 +265,10 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
         if len(results) >= max(rounds, bench.max_rounds) and not (
                 judge and (noisy or patient) and time.monotonic() - t_run < bench.settle_s):
             break
+        t_judge = time.monotonic()
         todo, loud, slow = _unsettled(results, metas, bench, mons, reference, judge=judge,
                                       only=todo)
+        judging += time.monotonic() - t_judge
         noisy = noisy or bool(loud or slow)
         if loud:
             todo, gap = everything, min(2 * gap, MAX_GAP_S)
@@ -278,6 +283,8 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
         else:
             say(f"{batch_id}: round {len(results) + 1} for {len(todo)} unsettled kernel(s)")
         runs["total"] = runs["before"] + len(todo)
+    say(f"{batch_id}: {len(results)} rounds, {runs['before']} kernel runs in "
+        f"{time.monotonic() - t_run:.1f} s, of which judging the rounds {judging:.1f} s")
     return results
 
 
