@@ -391,44 +391,61 @@ def test_a_vector_form_after_a_heavy_one_runs_at_its_own_clock(catalogue_df, hos
 
 
 def test_a_long_request_measures_each_batch_compiled_ahead_in_a_worker(catalogue_df, host,
-                                                                       tmp_path, monkeypatch):
+                                                                       tmp_path):
     """With ``prepare_ahead`` (fit_model's two cores) the next batch of a long request is
     generated and compiled in a worker process while one is measured; a worker that cannot
     prepare it (here: a function it cannot be sent) leaves it to be prepared as before. Both
     ways every batch is measured and stored, and ADDPD xmm reads its 0.5 cycles (two FP add
-    pipes on every host cpumap runs on)."""
-    from cpumap.measure import backend, batch
-    from cpumap.measure.settings import BenchSettings
-    from cpumap.store import db
+    pipes on every host cpumap runs on). Run from a script, as a pipeline job runs: a worker
+    that imported its parent's main module again would run the script once more."""
+    import json
+    import sys
 
-    monkeypatch.setattr(backend, "MEASURE_CHUNK", 2)
+    catalogue_df.to_parquet(tmp_path / "forms.parquet")
+    (tmp_path / "host.json").write_text(json.dumps(host))
+    script = tmp_path / "job.py"
+    script.write_text(f"""
+import json, sys
+from pathlib import Path
+import pandas as pd
+from cpumap.measure import backend, batch, harness
+from cpumap.measure.settings import BenchSettings
+from cpumap.store import db
+print("main module ran", flush=True)
+tmp = Path({str(tmp_path)!r})
+backend.MEASURE_CHUNK = 2
+bin_ = harness.build_harness(tmp / "bin")
+kernels = ["ADDPD_XMM_XMM", "MULPD_XMM_XMM", "ADDPD_XMM_XMM*2 MULPD_XMM_XMM", "SUB_R64_R64"]
+out = {{}}
+for where in ("worker", "inline"):
+    if where == "inline":
+        original = batch.prepare_batch
+        batch.prepare_batch = lambda *a, **k: original(*a, **k)  # no worker can import it
+    said = []
+    m = backend.Measurer(json.loads((tmp / "host.json").read_text()),
+                         pd.read_parquet(tmp / "forms.parquet"), BenchSettings(),
+                         tmp / where / "db", tmp / where / "work", harness_bin=bin_,
+                         log=said.append)
+    m.prepare_ahead = True
+    got = m.measure(kernels, "ahead")
+    out[where] = {{"got": got, "said": said, "parts": len(db.part_paths(tmp / where / "db")),
+                  "now": m.measured_now, "unc": m.uncertainty(["ADDPD_XMM_XMM"])}}
+print(json.dumps(out))
+""")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=600, check=True)
+    assert run.stdout.count("main module ran") == 1
+    out = json.loads(run.stdout.splitlines()[-1])
     kernels = ["ADDPD_XMM_XMM", "MULPD_XMM_XMM", "ADDPD_XMM_XMM*2 MULPD_XMM_XMM",
                "SUB_R64_R64"]
-    harness_bin = harness.build_harness(tmp_path / "bin")
-
-    def measured(where: str) -> tuple[dict[str, float], list[str], backend.Measurer]:
-        said: list[str] = []
-        m = backend.Measurer(host, catalogue_df, BenchSettings(), tmp_path / where / "db",
-                             tmp_path / where / "work", harness_bin=harness_bin,
-                             log=said.append)
-        m.prepare_ahead = True
-        got = m.measure(kernels, "ahead")
+    for where, said_here, said_not in (("worker", "compiled in a worker process",
+                                        "could not prepare"),
+                                       ("inline", "could not prepare it", "in a worker process")):
+        got, said = out[where]["got"], out[where]["said"]
         assert sorted(got) == sorted(kernels) and all(v > 0 for v in got.values())
-        assert len(db.part_paths(tmp_path / where / "db")) == 2 and m.measured_now == 4
-        unc = m.uncertainty(["ADDPD_XMM_XMM"])["ADDPD_XMM_XMM"]
+        assert out[where]["parts"] == 2 and out[where]["now"] == 4
+        assert sum(said_here in s for s in said) == 2
+        assert not any(said_not in s for s in said)
+        unc = out[where]["unc"]["ADDPD_XMM_XMM"]
         assert 0.5 * (0.96 - unc) <= got["ADDPD_XMM_XMM"] <= 0.5 * (1.15 + unc)
-        return got, said, m
-
-    _, said, _ = measured("worker")
-    assert sum("compiled in a worker process" in s for s in said) == 2
-    assert not any("could not prepare" in s for s in said)
-
-    original = batch.prepare_batch
-
-    def unsendable(*args, **kwargs):  # a local function: no worker process can import it
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(batch, "prepare_batch", unsendable)
-    _, said, _ = measured("inline")
-    assert sum("could not prepare it" in s for s in said) == 2
-    assert sum(": generated and compiled" in s for s in said) == 2
+    assert sum(": generated and compiled" in s for s in out["inline"]["said"]) == 2

@@ -354,7 +354,9 @@ class Measurer:
                 and not blockgen.is_block(chunks[0][0])):
             yield from ((chunk, None) for chunk in chunks)
             return
-        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        # forked, not spawned: a spawned worker imports the parent's main module again, and
+        # a pipeline job's main module is its Snakemake script, which would run once more
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
 
         def submit(chunk: list[str]) -> Future:
             batch_id = self._batch_id(chunk, stage)
