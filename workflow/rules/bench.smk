@@ -60,6 +60,7 @@ rule measure_batch:
         machine=config["machine"],
         workdir=lambda wildcards: f"{RESULTS}/{wildcards.mid}/bench/singletons/work/{wildcards.batch}",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         # One measuring job per measuring slot: the workflow profile sets
         # measure_slots=1 (at most one job measures at a time, so jobs never share

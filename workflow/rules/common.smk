@@ -22,6 +22,13 @@ validate(config, schema="../schemas/config.schema.yaml", set_default=True)
 
 RESULTS = config["results_dir"].rstrip("/")
 
+# The priority of the jobs that measure (resource measure_slots): one measures at a time, so
+# they are the run's critical path, and a free core goes to the next of them before any
+# other job. Without it the scheduler filled both cores with palmed_compile jobs while
+# compiled batches waited: the measuring slot stood idle 3-41 s between mapping batches
+# (Emerald Rapids-class guest, full profile, 2026-11-29), about 20 s a batch.
+MEASURING_PRIORITY = 10
+
 
 def _machine_id():
     """Id of the machine the results are for: the host's, or the simulated machine's.

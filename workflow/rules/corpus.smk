@@ -87,6 +87,7 @@ rule corpus_predict_native:
         machine=config["machine"],
         workdir=f"{CDIR}/work-{{analyzer}}",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -127,6 +128,7 @@ rule corpus_latency:
         machine=config["machine"],
         workdir=f"{CDIR}/work-latency",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:

@@ -81,6 +81,7 @@ rule eval_predict_native:
         machine=config["machine"],
         workdir=f"{EDIR}/work-{{analyzer}}",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -104,6 +105,7 @@ rule eval_latency:
         machine=config["machine"],
         workdir=f"{EDIR}/work-latency",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:

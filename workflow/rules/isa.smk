@@ -64,6 +64,7 @@ rule sse_avx_probe:
         bench=config["bench"],
         machine=config["machine"],
         workdir=f"{MDIR}/isa/work/sse-avx",
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -87,6 +88,7 @@ rule latency_catalogue:
         machine=config["machine"],
         workdir=f"{MDIR}/isa/work/latency",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:

@@ -41,6 +41,7 @@ checkpoint palmed_pairs:
         model=config["model"],
         workdir=f"{MDIR}/model/work/pairs",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -99,6 +100,7 @@ rule palmed_measure:
             f"{RESULTS}/{wildcards.mid}/model/work/{wildcards.pstage}-{wildcards.batch}"
         ),
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -125,6 +127,7 @@ rule palmed_basic:
         model=config["model"],
         workdir=f"{MDIR}/model/work/basic",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         # answers from the DB: a pair that is missing there (a lost part) is measured here
         measure_slots=1,
@@ -151,6 +154,7 @@ rule palmed_core:
         model=config["model"],
         workdir=f"{MDIR}/model/work/core",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -177,6 +181,7 @@ checkpoint palmed_mapping:
         model=config["model"],
         workdir=f"{MDIR}/model/work/mapping",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -208,6 +213,7 @@ rule fit_model:
     # the per-form LPs of noisy fitting passes run in two processes, and the next batch
     # of a refinement round compiles while one measures
     threads: 2
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -237,6 +243,7 @@ rule validate_model:
         model=config["model"],
         workdir=f"{MDIR}/model/work-validation",
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:

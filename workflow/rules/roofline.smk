@@ -34,6 +34,7 @@ rule roofline_compute:
         roofline=ROOF,
         workdir=lambda wildcards: f"{RESULTS}/{wildcards.mid}/roofline/work/compute",
     threads: workflow.cores
+    priority: MEASURING_PRIORITY
     resources:
         # the all-cores run occupies every core: nothing else may measure meanwhile
         measure_slots=1,
@@ -54,6 +55,7 @@ rule roofline_sweep:
     params:
         roofline=ROOF,
     threads: workflow.cores
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -114,6 +116,7 @@ rule roofline_points:
         benchmarks=roofline_point_benchmarks(),
         points=ROOF["points"],
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         measure_slots=1,
     conda:

@@ -70,6 +70,7 @@ rule suite_cycles:
         processes=config["suite"]["processes"],
         max_processes=config["suite"]["max_processes"],
     threads: 1
+    priority: MEASURING_PRIORITY
     resources:
         # whole-kernel cycles are a measurement: one at a time (profiles/default)
         measure_slots=1,
