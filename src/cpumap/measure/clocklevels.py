@@ -2,7 +2,7 @@
 
 An Intel core's clock follows the code it runs (AVX licences), so a batch's repetitions do
 not all run at its fastest clock: each is converted at the clock level of the samples the
-harness took before and after its run of repetitions (``assign_local_ratios``), a level
+harness took before and after its run of repetitions (``local_ratios``), a level
 being what most of the batch's samples near a sample read (``clock_levels``), not the
 sample's own ratio, which a neighbour may have slowed.
 """
@@ -105,11 +105,13 @@ def clock_levels(ratios: Sequence[float] | np.ndarray) -> Callable[[np.ndarray],
     return snap
 
 
-def assign_local_ratios(rows: list[dict[str, Any]], samples: tuple[np.ndarray, np.ndarray],
-                        after: float | None, level: Callable[[np.ndarray], np.ndarray]) -> None:
-    """Each row's ``local_ratio``: the core clock while its repetition ran, the faster of the
+def local_ratios(n_rows: int, samples: tuple[np.ndarray, np.ndarray], after: float | None,
+                 level: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(``local_ratio``, ``run_ratio_low``) of each of a process's ``n_rows`` rows.
+
+    ``local_ratio``: the core clock while its repetition ran, the faster of the
     clock levels (``clock_levels``) of the calibration samples just before and just after its
-    run of repetitions (``rows``: one process's, in the order it ran them, ``samples``: their
+    run of repetitions (the rows: one process's, in the order it ran them, ``samples``: their
     ``clock_samples``; the harness takes a
     sample every ``calib_every`` repetitions, before them, and one after the kernel's last;
     without that one, from older harnesses, the next kernel's first sample or the process's
@@ -128,15 +130,15 @@ def assign_local_ratios(rows: list[dict[str, Any]], samples: tuple[np.ndarray, n
     a sample reading the batch's fastest clock proves the clock was that fast then (chains
     are only ever slowed), a slower one does not prove a slower clock (the estimator's use of
     it: ``estimate.aggregate``)."""
-    if not rows:
-        return
+    local = np.full(n_rows, np.nan)
+    low = np.full(n_rows, np.nan)
+    if not n_rows:
+        return local, low
     raw_before, raw_closing = samples
     at = np.flatnonzero(np.isfinite(raw_before))
     before, closing = level(raw_before), level(raw_closing)
-    local = np.full(len(rows), np.nan)
-    low = np.full(len(rows), np.nan)
     if len(at):
-        ends = np.append(at[1:], len(rows))
+        ends = np.append(at[1:], n_rows)
         # after each run: the kernel's own closing sample, else the next run's first sample,
         # else (the last run of an older harness) the process's closing calibration
         last = np.nan if after is None or not math.isfinite(after) else after
@@ -147,6 +149,4 @@ def assign_local_ratios(rows: list[dict[str, Any]], samples: tuple[np.ndarray, n
         raw_nxt = np.where(has_closing, raw_closing[ends - 1],
                            np.append(raw_before[at[1:]], last))
         low[at[0]:] = np.repeat(np.minimum(raw_before[at], raw_nxt), ends - at)
-    for row, v, lo in zip(rows, local.tolist(), low.tolist(), strict=True):
-        row["local_ratio"] = v
-        row["run_ratio_low"] = lo
+    return local, low

@@ -323,7 +323,7 @@ def aggregate(df: pd.DataFrame, stable_tol: float = STABLE_TOL,
         ok["calib_ratio"] = pooled.where(pooled.notna(), ok["calib_ratio"])
     if "local_ratio" in ok:
         # a repetition run at a slower clock than the batch's fastest level (an Intel core's
-        # AVX licence): converted at the clock it ran at (``clocklevels.assign_local_ratios``);
+        # AVX licence): converted at the clock it ran at (``clocklevels.local_ratios``);
         # within CLOCK_AGREE of the batch's level, the pooled value (more samples)
         local = ok["local_ratio"].astype("float64")
         slower = local.notna() & (local < ok["calib_ratio"] * (1.0 - CLOCK_AGREE))

@@ -85,6 +85,8 @@ class BatchResult:
     #: read again after every round)
     samples: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False,
                                                           compare=False)
+    #: ``rows.round_columns`` of ``rows``, kept once read (for the same reason)
+    columns: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def cycles(self, row: Mapping[str, Any]) -> float:
         """Core cycles of the f2 - f1 difference of one row (its own process's ratio)."""

@@ -89,9 +89,9 @@ SCHEMA = pa.schema(
         pa.field("stable", pa.bool_()),  # the harness stopped at a stability checkpoint
         pa.field("role", pa.string()),  # 'kernel' | 'monitor' (noise reference of a batch)
         pa.field("round", pa.int64()),  # which of the batch's harness passes measured it
-        # core cycles per TSC tick while this repetition ran (clocklevels.assign_local_ratios)
+        # core cycles per TSC tick while this repetition ran (clocklevels.local_ratios)
         pa.field("local_ratio", pa.float64()),
-        # the lower of the two samples' own ratios around its run (clocklevels.assign_local_ratios)
+        # the lower of the two samples' own ratios around its run (clocklevels.local_ratios)
         pa.field("run_ratio_low", pa.float64()),
     ]
 )
