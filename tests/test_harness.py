@@ -46,7 +46,7 @@ def _per_add(rows: list[dict]) -> float:
     """Cycles per add of one kernel's f2 - f1, by the pipeline's estimator: each call kind's
     undisturbed duration from its repetitions (cpumap.measure.estimate), never a repetition's
     own difference; each run of repetitions at the clock of the samples around it
-    (``clocklevels.assign_local_ratios``; a process's calibrations before and after its
+    (``clocklevels.local_ratios``; a process's calibrations before and after its
     kernels may read another clock than its repetitions ran at on an Intel core: the
     call-length check read the chain at 1.148 cycles an add, the ratio of the Cascade Lake
     guest's 3.1 and 2.7 GHz clocks, with the process's calibration). Only the runs whose two
@@ -59,10 +59,10 @@ def _per_add(rows: list[dict]) -> float:
     cycles an add, faster than two chains of latency-1 adds run; an hour later the samples
     of 16 processes of 18 were more than 3 % apart somewhere). The physics is judged where
     the clock is known."""
-    rows = [dict(r) for r in rows]
-    clocklevels.assign_local_ratios(rows, clocklevels.clock_samples(rows), None, np.asarray)
-    ratio = np.array([r["local_ratio"] for r in rows])  # the faster sample around each run
-    held = np.array([r["run_ratio_low"] for r in rows]) >= (1.0 - STEADY) * ratio
+    # the faster sample around each run, and the lower one
+    ratio, low = clocklevels.local_ratios(len(rows), clocklevels.clock_samples(rows), None,
+                                          np.asarray)
+    held = low >= (1.0 - STEADY) * ratio
     if not held.any():
         return math.nan
     c1 = np.array([r["ticks1"] for r in rows])[held] * ratio[held]
@@ -337,14 +337,14 @@ def test_each_run_of_repetitions_takes_the_faster_clock_around_it():
     samples = clocklevels.clock_samples(rows)
     # the levels come from the whole batch: here three rounds of the same samples
     levels = clocklevels.clock_levels(np.tile(np.concatenate(samples), 3))
-    clocklevels.assign_local_ratios(rows, samples, fast, levels)
-    got = [r["local_ratio"] for r in rows][::2]
+    local, low = clocklevels.local_ratios(len(rows), samples, fast, levels)
+    got = local.tolist()[::2]
     assert got[:6] == pytest.approx([slow, slow, fast, fast, fast, np.nan], rel=1e-4,
                                     nan_ok=True)  # kernel 2: the clock rose after it
     assert np.isnan(got[6]) and got[7] == pytest.approx(slow, rel=1e-4)
-    assert [r["local_ratio"] for r in rows][1::2] == pytest.approx(got, nan_ok=True)
+    assert local.tolist()[1::2] == pytest.approx(got, nan_ok=True)
     # run_ratio_low: the lower of the two samples as they read, not as levels
-    low = [r["run_ratio_low"] for r in rows]
+    low = low.tolist()
     assert low[::2] == pytest.approx([slow, slow * 0.99, slow * 0.99, fast, fast, 0.80, 0.80,
                                       slow], rel=1e-4)
     assert low[1::2] == low[::2]
