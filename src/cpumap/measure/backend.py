@@ -346,8 +346,9 @@ class Measurer:
     def _prepared(self, chunks: list[list[str]], stage: str
                   ) -> Iterator[tuple[list[str], batch.Prepared | None]]:
         """Each chunk with its batch generated and compiled, the next one in a worker
-        process while this one is measured (``prepare_ahead``: 8-15 s of a 5,000-kernel
-        batch's 60-130 s on the full profile's refinement rounds, 2026-11-29); None where it
+        process while this one is measured (``prepare_ahead``: 8-15 s a 5,000-kernel batch,
+        measured in 27-53 s, in the full profile's fit_model, Emerald Rapids-class guest,
+        2026-11-29); None where it
         is prepared when measured (one chunk, a simulated machine, a worker that failed:
         the error is then the batch's own)."""
         if not (self.prepare_ahead and self.sim is None and len(chunks) > 1
