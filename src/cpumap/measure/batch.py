@@ -307,10 +307,10 @@ def _unsettled(results: list, metas: list, bench: BenchSettings, mons: Sequence[
 
     ``only``: the kernels the last round measured (and the monitors); the others got no
     new rows and are not judged again, but their samples still give the batch's clock
-    (:func:`cpumap.measure.rows.calibration_rows`). Why: rebuilding every round's rows (350,000 in a
-    2,000-kernel batch after eight rounds) took about 7 s a round (Emerald Rapids-class
-    guest, 2026-11-29) while the last rounds measured 44-113 kernels. Judged whole, that
-    batch also had 12 kernels the last samples' nudge to the clock tipped over tolerance."""
+    (``rows.calibration_rows``). Why: judging every round's rows (350,000 in a 2,000-kernel
+    batch after eight rounds) took about 7 s a round (Emerald Rapids-class guest,
+    2026-11-29) while the last rounds measured 44-113 kernels. Judged whole, that batch
+    also had 12 kernels the last samples' nudge to the clock tipped over tolerance."""
     keep = None if only is None else {*only, *mons}
     ts0 = pd.Timestamp(0, tz="UTC")
     df = rows.rows_from_rounds(results, metas, "m", "b", {}, ts0, mons, keep=keep)
