@@ -432,8 +432,8 @@ def test_a_batch_keeps_its_estimates_as_later_batches_come(tmp_path, monkeypatch
                  tmp_path / "work")
     m.params_id, m.version = db.params_id(PARAMS), "1"
 
-    def measure_new(todo: list[str], stage: str) -> pd.DataFrame:
-        assert todo == ["C"]
+    def measure_new(todo: list[str], stage: str, prepared=None) -> pd.DataFrame:
+        assert todo == ["C"] and prepared is None  # one batch: nothing prepared ahead
         db.append(tmp_path, b1, "b1")
         return db.conform(b1)
 
