@@ -51,10 +51,15 @@ def clock_samples(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.nda
     f = np.array([(r.get("cal1", -1), r.get("cal2", -1), r.get("end1", -1),
                    r.get("end2", -1), r.get("cal_adds", np.nan)) for r in rows],
                  dtype="float64").reshape(-1, 5)
+    return sample_pairs(*f.T)
+
+
+def sample_pairs(cal1: np.ndarray, cal2: np.ndarray, end1: np.ndarray, end2: np.ndarray,
+                 adds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`clock_samples` of the rows' columns (-1 where a row has no such chain)."""
     out = []
-    for c1, c2 in ((f[:, 0], f[:, 1]), (f[:, 2], f[:, 3])):
-        out.append(np.where((c1 > 0) & (c2 > 0), robust.sample_ratios(c1, c2, f[:, 4]),
-                            np.nan))
+    for c1, c2 in ((cal1, cal2), (end1, end2)):
+        out.append(np.where((c1 > 0) & (c2 > 0), robust.sample_ratios(c1, c2, adds), np.nan))
     return out[0], out[1]
 
 

@@ -81,11 +81,8 @@ class BatchResult:
     failures: dict[int, str] = field(default_factory=dict)
     restarts: int = 0
     stderr: str = ""
-    #: ``clocklevels.clock_samples`` of ``rows``, kept once computed (a batch's rounds are
-    #: read again after every round)
-    samples: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False,
-                                                          compare=False)
-    #: ``rows.round_columns`` of ``rows``, kept once read (for the same reason)
+    #: ``rows.round_columns`` of ``rows`` (their calibration samples as clock ratios
+    #: among them), kept once read: a batch's rounds are read again after every round
     columns: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def cycles(self, row: Mapping[str, Any]) -> float:

@@ -82,6 +82,7 @@ def round_columns(res) -> dict:
                   "iters": col("iters", -1), "cal1": col("cal1", -1, "float64"),
                   "cal2": col("cal2", -1, "float64"),
                   "cal_adds_f": col("cal_adds", np.nan, "float64"),
+                  "end1": col("end1", -1, "float64"), "end2": col("end2", -1, "float64"),
                   # None where a row has none: the types pandas infers for such a column
                   "cal_adds": pd.Series([r.get("cal_adds") for r in rows]),
                   "stable": pd.Series([r.get("stable") for r in rows])}
@@ -89,6 +90,9 @@ def round_columns(res) -> dict:
         cols["instructions"] = col("insns2") - col("insns1")
     else:
         cols["calib_ratio"] = col("calib_ratio", harness.calib_ratio(res), "float64")
+    # its calibration samples as clock ratios (``clocklevels.clock_samples``)
+    cols["samples"] = clocklevels.sample_pairs(cols["cal1"], cols["cal2"], cols["end1"],
+                                               cols["end2"], cols["cal_adds_f"])
     res.columns = cols
     return cols
 
@@ -105,10 +109,7 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
     failed = failed_kernels(results)
     # the clock each repetition ran at, from the samples around it; the clock levels from
     # all rounds' samples (clocklevels.local_ratios)
-    for res in results:
-        if res.samples is None:
-            res.samples = clocklevels.clock_samples(res.rows)
-    samples = [res.samples for res in results]
+    samples = [round_columns(res)["samples"] for res in results]
     level = clocklevels.clock_levels(np.concatenate([np.concatenate(s) for s in samples])
                                      if samples else [])
     by_index = {m.index: m for m in metas}
