@@ -211,7 +211,8 @@ rule fit_model:
         model=config["model"],
         workdir=f"{MDIR}/model/work/remaining",
     # the per-form LPs of noisy fitting passes run in two processes, and the next batch
-    # of a refinement round compiles while one measures
+    # of a long request (the lighter proportions, a refinement round) compiles while one
+    # measures
     threads: 2
     priority: MEASURING_PRIORITY
     resources:

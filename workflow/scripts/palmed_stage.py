@@ -48,7 +48,8 @@ elif stage == "remaining":
     from cpumap.model.palmed.forms import set_lp_workers
 
     set_lp_workers(snakemake.threads)  # the per-form LPs of noisy fitting passes
-    # the next batch of a refinement round compiles on the other core while one measures
+    # the next batch of a long request (the lighter proportions, a refinement round)
+    # compiles on the other core while one measures
     measurer.prepare_ahead = snakemake.threads > 1
     model, stats, training = jobs.fit_job(job, Path(inp.state))
     jobs.write_model(model, stats, Path(out.model), Path(out.table), Path(out.stats))
