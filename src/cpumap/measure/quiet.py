@@ -74,18 +74,25 @@ REFERENCE_QUANTILE = 0.25
 
 
 def round_estimates(rows: pd.DataFrame, ratios: Mapping | None = None) -> pd.DataFrame:
-    """Each monitor's estimate in each round of a batch's rows (columns round, kernel, est)."""
+    """Each monitor's estimate in each round of a batch's rows (columns round, kernel, est).
+
+    One ``estimate.aggregate`` over all rounds, each (monitor, round) its own group by the
+    kernel id: its groups are estimated independently, and its fixed cost (pandas' group-by
+    set-up, 40-60 ms) paid once a judgement instead of once a round was most of a small
+    batch's judging (0.2-0.35 s after its eighth round, 100 kernels)."""
     mon = rows[(rows.get("role") == "monitor") & (rows["status"] == "ok")]
     if mon.empty or "round" not in mon:
         return pd.DataFrame({"round": [], "kernel": [], "est": []})
     ratios = estimate.batch_ratios(rows) if ratios is None else ratios
-    mon = mon.assign(role="kernel")
-    out = []
-    for rnd, g in mon.groupby("round", sort=True):
-        agg = estimate.aggregate(g, ratios=ratios)
-        out += [{"round": int(rnd), "kernel": k, "est": float(e)}
-                for k, e in zip(agg["kernel"], agg["cycles_per_instance_est"], strict=True)]
-    return pd.DataFrame(out)
+    rnd = mon["round"].astype("int64")
+    agg = estimate.aggregate(mon.assign(
+        role="kernel", kernel_id=mon["kernel_id"].astype(str) + "#" + rnd.astype(str)),
+        ratios=ratios)
+    return pd.DataFrame({
+        "round": agg["kernel_id"].str.rpartition("#")[2].astype("int64").to_numpy(),
+        "kernel": agg["kernel"].to_numpy(),
+        "est": agg["cycles_per_instance_est"].astype("float64").to_numpy()}) \
+        .sort_values("round", kind="stable").reset_index(drop=True)
 
 
 def quiet_rounds(per_round: pd.DataFrame, reference: Mapping[str, float] | None = None,
