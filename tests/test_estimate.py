@@ -9,6 +9,8 @@ calls, as long as some calls are clean.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -485,3 +487,34 @@ def test_each_kernels_clocks_are_listed_sorted_once():
     gid = np.array([0, 0, 1, 1, 1, 2, 3, 3])
     clock = pd.Series(["tsc", "tsc", "tsc", "papi", None, None, "papi", "papi"])
     assert estimate._clocks(clock, gid, 5).tolist() == ["tsc", "papi,tsc", "", "papi", ""]
+
+
+def _files_of_a_prepared_batch(kernels, forms, machine, bench, so_path):
+    """What the worker leaves of a batch it prepared (module level: sent to the worker)."""
+    so_path.parent.mkdir(parents=True, exist_ok=True)
+    so_path.write_bytes(b"\0" * 1024)
+
+
+def test_a_batch_that_raises_leaves_no_batch_prepared_ahead_on_disk(tmp_path, monkeypatch):
+    """A long request whose batch raises while measured: the next batch, compiled ahead in
+    the worker, is removed (a 5,000-kernel batch's directory is a few hundred MB), the
+    failing batch's own directory is kept (for its error), and the error reaches the caller."""
+    from cpumap.measure import backend, batch
+    from cpumap.measure.settings import BenchSettings
+
+    def measure_new(self, todo, stage, prepared=None):
+        assert (tmp_path / "work" / m._batch_id(todo, "stage")).is_dir()  # prepared ahead
+        raise RuntimeError(f"harness died on {todo[0]}")
+
+    monkeypatch.setattr(backend, "MEASURE_CHUNK", 2)
+    monkeypatch.setattr(batch, "prepare_batch", _files_of_a_prepared_batch)
+    monkeypatch.setattr(backend.Measurer, "_measure_new", measure_new)
+    m = backend.Measurer({"machine_id": "m"}, pd.DataFrame(), BenchSettings(), tmp_path / "db",
+                         tmp_path / "work")
+    m.prepare_ahead = True
+    kernels = ["ADD_R64_R64", "SUB_R64_R64", "XOR_R64_R64", "AND_R64_R64", "OR_R64_R64"]
+    with pytest.raises(RuntimeError, match="harness died on ADD_R64_R64"):
+        m.measure(kernels, "stage")
+    time.sleep(0.5)  # nothing left running to write the next batch after the error came
+    first = m._batch_id(kernels[:2], "stage")
+    assert [p.name for p in (tmp_path / "work").iterdir()] == [first]

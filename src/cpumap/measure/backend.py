@@ -10,10 +10,11 @@ raw rows alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -309,15 +310,17 @@ class Measurer:
                      "already in the database)"
                      + (f" in batches of {MEASURE_CHUNK}" if len(todo) > MEASURE_CHUNK else ""))
         chunks = [todo[i:i + MEASURE_CHUNK] for i in range(0, len(todo), MEASURE_CHUNK)]
-        for part, prepared in self._prepared(chunks, stage):
-            rows = self._measure_new(part, stage, prepared)
-            self._tried |= set(part)
-            # the batch's clock ratio as the database will give it (pooled with the earlier
-            # batches: ``estimate.batch_ratios``), so that a rebuild reads the same estimates
-            self._cal = estimate.calibration_core(
-                pd.concat([self._cal, _calibration(rows)], ignore_index=True))
-            known.update(self._usable(estimate.aggregate(
-                rows, self.bench.stable_tol, estimate.batch_ratios(self._cal))))
+        # closed when a batch raises: the batch prepared ahead is then removed at once
+        with contextlib.closing(self._prepared(chunks, stage)) as ahead:
+            for part, prepared in ahead:
+                rows = self._measure_new(part, stage, prepared)
+                self._tried |= set(part)
+                # the batch's clock ratio as the database will give it (pooled with the earlier
+                # batches: ``estimate.batch_ratios``), so that a rebuild reads the same estimates
+                self._cal = estimate.calibration_core(
+                    pd.concat([self._cal, _calibration(rows)], ignore_index=True))
+                known.update(self._usable(estimate.aggregate(
+                    rows, self.bench.stable_tol, estimate.batch_ratios(self._cal))))
         return {k: known[k] for k in canon if k in known}
 
     def again(self, kernels: list[str], stage: str) -> dict[str, float]:
@@ -344,7 +347,7 @@ class Measurer:
                         strict=True))
 
     def _prepared(self, chunks: list[list[str]], stage: str
-                  ) -> Iterator[tuple[list[str], batch.Prepared | None]]:
+                  ) -> Generator[tuple[list[str], batch.Prepared | None], None, None]:
         """Each chunk with its batch generated and compiled, the next one in a worker
         process while this one is measured (``prepare_ahead``: 8-15 s a 5,000-kernel batch,
         measured in 27-53 s, in the full profile's fit_model, Emerald Rapids-class guest,
@@ -358,11 +361,15 @@ class Measurer:
         # forked, not spawned: a spawned worker imports the parent's main module again, and
         # a pipeline job's main module is its Snakemake script, which would run once more
         pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+        # the batches prepared or being prepared and not handed over yet, and where
+        unused: dict[Future, Path] = {}
 
         def submit(chunk: list[str]) -> Future:
             batch_id = self._batch_id(chunk, stage)
-            return pool.submit(batch.prepare_batch, chunk, self.forms, self.machine,
-                               self.bench, self.workdir / batch_id / f"{batch_id}.so")
+            future = pool.submit(batch.prepare_batch, chunk, self.forms, self.machine,
+                                 self.bench, self.workdir / batch_id / f"{batch_id}.so")
+            unused[future] = self.workdir / batch_id
+            return future
 
         try:
             ahead = submit(chunks[0])
@@ -370,6 +377,8 @@ class Measurer:
                 mine = ahead
                 if i + 1 < len(chunks):
                     ahead = submit(chunks[i + 1])  # starts once ``mine`` is compiled
+                # handed over: its measuring removes the directory (or keeps a failed one)
+                del unused[mine]
                 try:
                     prepared = mine.result()
                     self.log(f"{self._batch_id(chunk, stage)}: {len(chunk)} kernels generated "
@@ -380,7 +389,12 @@ class Measurer:
                     prepared = None
                 yield chunk, prepared
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            # a batch that raised, or a request given up: the next batch, prepared (a few
+            # hundred MB of assembly and shared object at 5,000 kernels) but never to be
+            # measured, is removed once its worker is done with it
+            pool.shutdown(wait=bool(unused), cancel_futures=True)
+            for path in unused.values():
+                shutil.rmtree(path, ignore_errors=True)
 
     @staticmethod
     def _batch_id(todo: list[str], stage: str) -> str:
