@@ -82,12 +82,10 @@ def clock_levels(ratios: Sequence[float] | np.ndarray) -> Callable[[np.ndarray],
     # samples within LEVEL_BLUR under each one, itself included
     blur = np.arange(1, len(levels) + 1) - np.searchsorted(levels, levels * (1 - LEVEL_BLUR))
 
-    def one(v: float) -> float:
-        lo = int(np.searchsorted(levels, v * (1 - LEVEL_REACH), side="left"))
-        hi = int(np.searchsorted(levels, v * (1 + LEVEL_REACH), side="right"))
-        if hi > lo and density[lo:hi].max() >= need:
-            near = density[lo:hi]
-            return float(levels[lo:hi][near == near.max()].max())
+    def licence(v: float, lo: int) -> float:
+        """The level of a sample ``v`` with no crisp level within LEVEL_REACH (``lo``: the
+        first sample there): a licence clock a neighbour blurred, within LEVEL_REACH_UP
+        above it, or NaN."""
         if v >= licence_below:
             return math.nan
         hi = int(np.searchsorted(levels, min(v * (1 + LEVEL_REACH_UP), licence_below),
@@ -101,8 +99,9 @@ def clock_levels(ratios: Sequence[float] | np.ndarray) -> Callable[[np.ndarray],
     def snap(values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, dtype="float64")
         ok = np.isfinite(values)
-        # quantised ticks: a batch's samples take a few thousand distinct values; those near
-        # a crisp level all at once (``one``'s first case), the others one by one
+        # quantised ticks: a batch's samples take a few thousand distinct values: the
+        # densest sample within LEVEL_REACH of each, when it is crisp, all at once; the
+        # others one by one (``licence``)
         uniq, inv = np.unique(values[ok], return_inverse=True)
         got = np.full(len(uniq), np.nan)
         lo = np.searchsorted(levels, uniq * (1 - LEVEL_REACH), side="left")
@@ -112,7 +111,7 @@ def clock_levels(ratios: Sequence[float] | np.ndarray) -> Callable[[np.ndarray],
         crisp_near[crisp_near] = density[top[crisp_near]] >= need
         got[crisp_near] = levels[top[crisp_near]]
         for i in np.flatnonzero(~crisp_near):
-            got[i] = one(float(uniq[i]))
+            got[i] = licence(float(uniq[i]), int(lo[i]))
         out = np.full(values.shape, np.nan)
         out[ok] = got[inv] if len(uniq) else []
         return out
