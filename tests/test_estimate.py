@@ -228,14 +228,18 @@ def test_palmed_leaves_out_uncertain_kernels_but_not_singletons(tmp_path):
     assert m.too_uncertain == {"A B"}
 
 
-def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path):
+def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path, monkeypatch):
     """The Measurer reads a database one part at a time (aggregate_db): the table is the one
     aggregating every row at once gives, for a kernel measured in two parts (its rows pooled),
     kernels of one part, a failed kernel (tried, not estimated), calibration samples (the
-    batches' shared clock ratio), and rows of another machine or harness left out."""
+    batches' shared clock ratio), the host monitor's kernel in two batches, and rows of
+    another machine or harness left out; read again from the estimates kept for each part
+    (without reading a part), after one of those files was damaged, and after a part was
+    written again."""
     from test_db import PARAMS, make_rows
 
     from cpumap.measure.backend import aggregate_db
+    from cpumap.measure.dbestimates import monitor_db
     from cpumap.store import db
 
     def calibrated(rows: pd.DataFrame, ratio: float) -> pd.DataFrame:
@@ -260,17 +264,57 @@ def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path):
         "b4": noisy_rows(3.0, 16, 0.0, seed=6, batch="b4", kernel="E").assign(
             machine_id="amd-other-f19-m11-00000000"),
     }
+    # the host monitor's kernel M in two batches, as in every batch, and measured as a
+    # kernel in a third
+    for b, seed, role in (("b0", 7, "monitor"), ("b2", 8, "monitor"), ("b1", 9, "kernel")):
+        parts[b] = pd.concat([parts[b], noisy_rows(0.25, 12, 0.2, seed=seed, batch=b,
+                                                   kernel="M").assign(role=role)],
+                             ignore_index=True)
     for b, rows in parts.items():
         db.append(tmp_path, rows, b)
     machine, pid = parts["b0"].machine_id[0], db.params_id(PARAMS)
-    agg, tried, _ = aggregate_db(tmp_path, machine, pid, "1", estimate.STABLE_TOL)
     every = pd.concat([parts[b] for b in ("b0", "b1", "b2")], ignore_index=True)
     whole = estimate.aggregate(db.conform(every), estimate.STABLE_TOL)
     assert estimate.batch_ratios(db.conform(every))  # the calibration samples were used
-    pd.testing.assert_frame_equal(
-        agg.sort_values("kernel").reset_index(drop=True),
-        whole.sort_values("kernel").reset_index(drop=True), check_dtype=False)
-    assert sorted(agg.kernel) == ["A", "B", "C"] and tried == {"A", "B", "C", "F"}
+
+    def check(expected: pd.DataFrame) -> None:
+        agg, tried, _ = aggregate_db(tmp_path, machine, pid, "1", estimate.STABLE_TOL)
+        pd.testing.assert_frame_equal(
+            agg.sort_values("kernel").reset_index(drop=True),
+            expected.sort_values("kernel").reset_index(drop=True), check_dtype=False)
+        assert sorted(agg.kernel) == ["A", "B", "C", "M"] and tried == {"A", "B", "C", "F", "M"}
+
+    check(whole)
+    # the noise record of the same database (every parameter set and harness of the machine)
+    mine = db.conform(pd.concat([parts[b] for b in ("b0", "b1", "b2", "b3")],
+                                ignore_index=True))
+    noise = estimate.monitor_table(mine, estimate.STABLE_TOL, estimate.batch_ratios(mine))
+    assert len(noise) == 2
+    for _ in range(2):  # from the rows, then from the kept files
+        pd.testing.assert_frame_equal(monitor_db(tmp_path, machine, estimate.STABLE_TOL),
+                                      noise, check_dtype=False)
+    # read again, from the files kept for each part (db/.estimates): the same table; only
+    # the parts holding rows of a kernel measured in another part are read, for those rows
+    # (A in b0 and b1, M in b1), not b2, whose shared kernel is only its monitor's there
+    kept = sorted(p.name for p in (tmp_path / ".estimates").iterdir())
+    assert kept and len(db.part_paths(tmp_path)) == 5
+    reads: list[str] = []
+    real = db.read_part
+    monkeypatch.setattr(db, "read_part",
+                        lambda path, *a, **k: reads.append(path.stem) or real(path, *a, **k))
+    check(whole)
+    assert sorted(reads) == ["part-b0", "part-b1"]
+    # a kept file that cannot be read is made again; a part written again is read again
+    next((tmp_path / ".estimates").glob("part-b2.estimates.*")).write_bytes(b"not parquet")
+    reads.clear()
+    check(whole)
+    assert sorted(reads) == ["part-b0", "part-b1", "part-b2"]
+    faster = parts["b2"].assign(ticks1=(parts["b2"].ticks1 * 0.9).round().astype("int64"),
+                                ticks2=(parts["b2"].ticks2 * 0.9).round().astype("int64"))
+    db.append(tmp_path, faster, "b2", replace=True)
+    every = pd.concat([parts["b0"], parts["b1"], faster], ignore_index=True)
+    check(estimate.aggregate(db.conform(every), estimate.STABLE_TOL))
+    assert sorted(p.name for p in (tmp_path / ".estimates").iterdir()) != kept
 
 
 def test_calibration_core_keeps_every_batch_ratio_exactly():

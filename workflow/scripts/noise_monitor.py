@@ -12,7 +12,7 @@ from cpumap.store.files import redirect_output
 redirect_output(snakemake.log[0])
 
 from cpumap.evaluate import noise
-from cpumap.measure.backend import monitor_db
+from cpumap.measure.dbestimates import monitor_db
 from cpumap.measure.settings import BenchSettings
 from cpumap.store.files import write_json_atomic, write_text_atomic, write_tsv_atomic
 

@@ -15,7 +15,7 @@ redirect_output(snakemake.log[0])
 from model_common import measurer_and_config
 
 from cpumap.evaluate import noise
-from cpumap.measure.backend import monitor_db
+from cpumap.measure.dbestimates import monitor_db
 from cpumap.model import jobs, resmodel
 from cpumap.store import files
 

@@ -25,6 +25,7 @@ import pandas as pd
 
 from cpumap.isa import catalogue
 from cpumap.measure import asmgen, batch, blockgen, estimate, harness
+from cpumap.measure.dbestimates import aggregate_db, calibration
 from cpumap.measure.rows import base_row
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
@@ -135,73 +136,6 @@ def batch_rows(kernels: list[str], forms: pd.DataFrame, machine: dict,
                                batch_id, progress=progress, skip=skip, reference=reference)
 
 
-#: The columns the calibration of a batch needs (estimate.batch_ratios), read in a first pass.
-_CAL_COLUMNS = ["machine_id", "batch_id", "params_id", "harness_version", "kernel", "cal1",
-                "cal2", "cal_adds", "timestamp"]
-
-
-def _calibration(part: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a part that carry a calibration sample, in the columns the clock ratio of
-    a batch needs (estimate.batch_ratios)."""
-    return part.loc[part.cal1.notna(), _CAL_COLUMNS]
-
-
-def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version: str,
-                 stable_tol: float) -> tuple[pd.DataFrame, set[str], pd.DataFrame]:
-    """``estimate.aggregate`` of a database's rows of one machine, parameter set and harness,
-    every kernel text with a row (failed ones too), and the calibration samples the clock
-    ratios need (``estimate.calibration_core``), reading one part at a time.
-
-    The same table as aggregating all rows at once (each kernel's estimate depends only on its
-    own rows and its batch's clock ratio), in the memory of the largest part: all rows at once
-    took 2.7 GB for the 1.25 million rows of a default run, tens of GB for a full profile.
-    First pass: the calibration samples (every 16th row or so) and which parts hold which
-    kernels; second pass: each part's kernels found in no other part aggregated alone, the
-    rest together at the end.
-    """
-    key = {"machine_id": machine_id, "params_id": params_id,
-           "harness_version": harness_version}
-    cal_rows: list[pd.DataFrame] = []
-    seen: dict[str, int] = {}
-    for _, part in db.iter_parts(db_dir, _CAL_COLUMNS, skip_batches=db.REPEAT_PREFIX,
-                                 **key):
-        cal_rows.append(_calibration(part))
-        for k in part.kernel.astype(str).unique():
-            seen[k] = seen.get(k, 0) + 1
-    cal = estimate.calibration_core(pd.concat(cal_rows) if cal_rows
-                                    else _calibration(db.empty_frame()))
-    ratios = estimate.batch_ratios(cal)
-    shared = {k for k, n in seen.items() if n > 1}
-    out: list[pd.DataFrame] = []
-    later: list[pd.DataFrame] = []
-    for _, part in db.iter_parts(db_dir, None, skip_batches=db.REPEAT_PREFIX, **key):
-        several = part.kernel.isin(shared)
-        if several.any():
-            later.append(part[several])
-        if not several.all():
-            out.append(estimate.aggregate(part[~several], stable_tol, ratios))
-    if later:
-        out.append(estimate.aggregate(pd.concat(later), stable_tol, ratios))
-    out = [a for a in out if len(a)]
-    agg = pd.concat(out, ignore_index=True) if out else estimate.aggregate(
-        db.empty_frame(), stable_tol, ratios)
-    return agg, set(seen), cal
-
-
-def monitor_db(db_dir: Path, machine_id: str, stable_tol: float) -> pd.DataFrame:
-    """``estimate.monitor_table`` of a database's rows of one machine, one part at a time:
-    the monitor's rows and the calibration samples are all it keeps."""
-    mon: list[pd.DataFrame] = []
-    cal: list[pd.DataFrame] = []
-    for _, part in db.iter_parts(db_dir, None, machine_id=machine_id):
-        mon.append(part[part.role == "monitor"])
-        cal.append(_calibration(part))
-    if not mon:
-        return estimate.monitor_table(db.empty_frame(), stable_tol)
-    return estimate.monitor_table(pd.concat(mon), stable_tol,
-                                  estimate.batch_ratios(pd.concat(cal)))
-
-
 #: Kernels a Measurer measures as one batch; more go to consecutive batches, each stored as it
 #: ends. A full-profile refinement round asked for 78,684 kernels at once: their repetition
 #: rows, held until the batch ended, took fit_model to 18 GB on a 24 GB VM, and a crash would
@@ -235,7 +169,7 @@ class Measurer:
         self.max_uncertainty = max_uncertainty
         self.too_uncertain: set[str] = set()
         self._known: dict[str, float] | None = None
-        self._cal = _calibration(db.empty_frame())  # estimate.calibration_core of the database
+        self._cal = calibration(db.empty_frame())  # estimate.calibration_core of the database
         self._uncertainty: dict[str, float] = {}  # kernel -> rel. uncertainty of its estimate
         self.measured_now = 0
         #: generate and compile the next batch of a long request in a worker process while
@@ -275,9 +209,13 @@ class Measurer:
         if not kernels:
             return {}
         keys = {asmgen.kernel_key(k): k for k in kernels}
-        rows = db.load(self.db_dir, machine_id=self.machine_id)
-        rows = rows[rows.kernel.isin(set(keys)) & (rows.status == "failed")]
-        return {keys[k]: str(e) for k, e in zip(rows.kernel, rows.error, strict=True)}
+        out: dict[str, str] = {}
+        # four columns of one part at a time: the whole database is a full profile's GBs
+        for _, rows in db.iter_parts(self.db_dir, ["machine_id", "kernel", "status", "error"],
+                                     skip_batches=db.REPEAT_PREFIX, machine_id=self.machine_id):
+            rows = rows[rows.kernel.isin(set(keys)) & (rows.status == "failed")]
+            out |= {keys[k]: str(e) for k, e in zip(rows.kernel, rows.error, strict=True)}
+        return out
 
     def uncertainty(self, kernels: list[str]) -> dict[str, float]:
         """Relative uncertainty of the estimate ``measure`` returned for each kernel (kept
@@ -318,7 +256,7 @@ class Measurer:
                 # the batch's clock ratio as the database will give it (pooled with the earlier
                 # batches: ``estimate.batch_ratios``), so that a rebuild reads the same estimates
                 self._cal = estimate.calibration_core(
-                    pd.concat([self._cal, _calibration(rows)], ignore_index=True))
+                    pd.concat([self._cal, calibration(rows)], ignore_index=True))
                 known.update(self._usable(estimate.aggregate(
                     rows, self.bench.stable_tol, estimate.batch_ratios(self._cal))))
         return {k: known[k] for k in canon if k in known}

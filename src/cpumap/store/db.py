@@ -277,10 +277,15 @@ def iter_parts(
     one DataFrame, 0.7 kB each, more than this machine has). ``batches``, ``skip_batches``:
     as for :func:`part_paths`."""
     for path in part_paths(db_dir, batches=batches, skip_batches=skip_batches):
-        table = _read_part(path, columns)
-        for name, value in equal.items():
-            table = table.filter(pc.equal(table[name], value))
-        yield path, table.to_pandas()
+        yield path, read_part(path, columns, **equal)
+
+
+def read_part(path: str | Path, columns: list[str] | None = None, **equal: str) -> pd.DataFrame:
+    """The rows of one part whose columns equal the ``equal`` values (``iter_parts``)."""
+    table = _read_part(Path(path), columns)
+    for name, value in equal.items():
+        table = table.filter(pc.equal(table[name], value))
+    return table.to_pandas()
 
 
 #: Batches that measure kernels a second time on purpose (the validation's run-to-run floor)
