@@ -234,8 +234,10 @@ def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path, monkeypat
     kernels of one part, a failed kernel (tried, not estimated), calibration samples (the
     batches' shared clock ratio), the host monitor's kernel in two batches, and rows of
     another machine or harness left out; read again from the estimates kept for each part
-    (without reading a part), after one of those files was damaged, and after a part was
-    written again."""
+    (reading only the parts that share a kernel other than the monitor's), after one of
+    those files was damaged, and after a part was
+    written again; the noise record (monitor_db) and why a kernel failed (Measurer.errors)
+    from the same database."""
     from test_db import PARAMS, make_rows
 
     from cpumap.measure.backend import aggregate_db
@@ -285,6 +287,10 @@ def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path, monkeypat
         assert sorted(agg.kernel) == ["A", "B", "C", "M"] and tried == {"A", "B", "C", "F", "M"}
 
     check(whole)
+    # why a kernel failed, as its rows say (read four columns a part at a time)
+    from cpumap.measure.backend import Measurer
+    m = Measurer({"machine_id": machine}, pd.DataFrame(), PARAMS, tmp_path, tmp_path / "w")
+    assert m.errors(["F", "A", "Z"]) == {"F": "SIGILL"}
     # the noise record of the same database (every parameter set and harness of the machine)
     mine = db.conform(pd.concat([parts[b] for b in ("b0", "b1", "b2", "b3")],
                                 ignore_index=True))

@@ -209,11 +209,12 @@ class Measurer:
         if not kernels:
             return {}
         keys = {asmgen.kernel_key(k): k for k in kernels}
+        wanted = set(keys)
         out: dict[str, str] = {}
         # four columns of one part at a time: the whole database is a full profile's GBs
         for _, rows in db.iter_parts(self.db_dir, ["machine_id", "kernel", "status", "error"],
                                      skip_batches=db.REPEAT_PREFIX, machine_id=self.machine_id):
-            rows = rows[rows.kernel.isin(set(keys)) & (rows.status == "failed")]
+            rows = rows[rows.kernel.isin(wanted) & (rows.status == "failed")]
             out |= {keys[k]: str(e) for k, e in zip(rows.kernel, rows.error, strict=True)}
         return out
 
