@@ -12,6 +12,7 @@ singleton when refinement stops short.
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from collections.abc import Mapping, Sequence, Set
 from itertools import combinations
@@ -381,11 +382,15 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
         # kernels, 11 resources) 9.3 s an LP against 27.4 s for the dual simplex, the same
         # optimum; the native full profile (about 190,000 kernels, 30 resources) ran the dual
         # simplex 35 min without an answer
+        t_lp = time.perf_counter()
         x = _solve(c, a_ub, bound[jj], a_eq, cycles[tight], upper, stats, lower,
                    method="highs-ipm")
         slack = bound[:, None] + x[nv_rho + 2 * nk:][:, None]
         add = (loads(x) > slack * (1 + 1e-9)) & ~active
         add[tight, designated[tight]] = False
+        # a native full profile's LPs take minutes each: say how far the cutting plane is
+        log(f"polish: LP {lps} over {n_ub} upper bounds in {time.perf_counter() - t_lp:.1f} s; "
+            f"the solution breaks {int(add.sum())} more")
         if not add.any():
             break
         active |= add
