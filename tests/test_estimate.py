@@ -315,6 +315,12 @@ def test_database_aggregated_part_by_part_equals_all_at_once(tmp_path, monkeypat
     reads.clear()
     check(whole)
     assert sorted(reads) == ["part-b0", "part-b1", "part-b2"]
+    # so are the monitor's kept rows (b2's shared kernel): read in full once, then not
+    next((tmp_path / ".estimates").glob("part-b2.monitor.*")).write_bytes(b"not parquet")
+    for opened in (["part-b0", "part-b1", "part-b2"], ["part-b0", "part-b1"]):
+        reads.clear()
+        check(whole)
+        assert sorted(reads) == opened
     faster = parts["b2"].assign(ticks1=(parts["b2"].ticks1 * 0.9).round().astype("int64"),
                                 ticks2=(parts["b2"].ticks2 * 0.9).round().astype("int64"))
     db.append(tmp_path, faster, "b2", replace=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -88,27 +89,36 @@ class _Kept:
         except OSError:
             pass  # a database on a read-only medium: estimated, not kept
 
-    def index(self, part: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(calibration core, its (kernel, batch_id, monitor) triples) of one part:
+    def frames(self, paths: list[Path], make: Callable[[], list[pd.DataFrame]],
+               ) -> list[pd.DataFrame]:
+        """The kept frames at ``paths``, or (when any is missing or unreadable) those
+        ``make`` gives, kept there."""
+        got = [self.read(p) for p in paths]
+        if any(g is None for g in got):
+            got = make()
+            for path, frame in zip(paths, got, strict=True):
+                self.write(path, frame)
+        return got
+
+    def index(self, part: Path) -> list[pd.DataFrame]:
+        """[calibration core, its (kernel, batch_id, monitor) triples] of one part:
         ``monitor`` where the kernel has rows in the part's monitor role."""
-        paths = self.path(part, "cal"), self.path(part, "kernels")
-        cal, kernels = (self.read(p) for p in paths)
-        if cal is None or kernels is None:
+        def make() -> list[pd.DataFrame]:
             rows = db.read_part(part, [*CAL_COLUMNS, "role"], **self.key)
-            cal = estimate.calibration_core(calibration(rows))
             watched = set(rows.kernel[rows.role == "monitor"].astype(str))
             kernels = rows[["kernel", "batch_id"]].astype(str).drop_duplicates() \
                 .reset_index(drop=True)
             kernels["monitor"] = kernels.kernel.isin(watched)
-            self.write(paths[0], cal)
-            self.write(paths[1], kernels)
-        return cal, kernels
+            return [estimate.calibration_core(calibration(rows)), kernels]
 
-    def _all_rows(self, part: Path, kernels: pd.DataFrame) -> pd.DataFrame:
-        """All the part's rows, its monitor's kept on the way (``rows``)."""
+        return self.frames([self.path(part, "cal"), self.path(part, "kernels")], make)
+
+    def _all_rows(self, part: Path, kernels: pd.DataFrame, redo: bool = False) -> pd.DataFrame:
+        """All the part's rows, its monitor's kept on the way (``rows``) where they are not
+        (or, ``redo``, could not be read)."""
         rows = db.read_part(part, None, **self.key)
         path = self.path(part, "monitor")
-        if kernels.monitor.any() and not path.is_file():
+        if kernels.monitor.any() and (redo or not path.is_file()):
             self.write(path, rows[rows.kernel.isin(set(kernels.kernel[kernels.monitor]))])
         return rows
 
@@ -116,10 +126,10 @@ class _Kept:
         """The part's rows of the ``wanted`` kernels. Those shared with other parts are
         nearly always the host monitor's (in every batch): its rows are kept apart, so that
         they are read without the whole part."""
-        rows = self.read(self.path(part, "monitor")) \
-            if wanted <= set(kernels.kernel[kernels.monitor]) else None
-        if rows is None:
+        if not wanted <= set(kernels.kernel[kernels.monitor]):
             rows = self._all_rows(part, kernels)
+        elif (rows := self.read(self.path(part, "monitor"))) is None:
+            rows = self._all_rows(part, kernels, redo=True)
         return rows[rows.kernel.isin(wanted)]
 
     def estimates(self, part: Path, kernels: pd.DataFrame,
@@ -128,12 +138,9 @@ class _Kept:
         only on its own rows and its batch's clock ratio)."""
         batches = set(kernels.batch_id)
         own = sorted((k, v) for k, v in ratios.items() if k[0] in batches)
-        path = self.path(part, "estimates", stable_tol, own)
-        agg = self.read(path)
-        if agg is None:
-            agg = estimate.aggregate(self._all_rows(part, kernels), stable_tol, ratios)
-            self.write(path, agg)
-        return agg
+        return self.frames(
+            [self.path(part, "estimates", stable_tol, own)],
+            lambda: [estimate.aggregate(self._all_rows(part, kernels), stable_tol, ratios)])[0]
 
 
 def aggregate_db(db_dir: Path, machine_id: str, params_id: str, harness_version: str,
@@ -195,14 +202,13 @@ def monitor_db(db_dir: Path, machine_id: str, stable_tol: float,
     mon: list[pd.DataFrame] = []
     cal: list[pd.DataFrame] = []
     for part in db.part_paths(db_dir):
-        paths = store.path(part, "watch"), store.path(part, "watchcal")
-        rows, samples = (store.read(p) for p in paths)
-        if rows is None or samples is None:
+        def make(part: Path = part) -> list[pd.DataFrame]:
             every = db.read_part(part, None, **store.key)
-            rows = every[every.role == "monitor"]
-            samples = estimate.calibration_core(calibration(every))
-            store.write(paths[0], rows)
-            store.write(paths[1], samples)
+            return [every[every.role == "monitor"],
+                    estimate.calibration_core(calibration(every))]
+
+        rows, samples = store.frames([store.path(part, "watch"), store.path(part, "watchcal")],
+                                     make)
         mon.append(rows)
         cal.append(samples)
     if not mon:
