@@ -919,6 +919,43 @@ def test_polish_keeps_the_uses_it_is_not_free_to_move() -> None:
         assert palmed._predict(out, 2, parse_canonical(text)).max() == pytest.approx(m, rel=1e-6)
 
 
+def test_growing_lp_reaches_the_optimum_of_all_its_rows() -> None:
+    """The joint refit's cutting plane (``lp._GrowingLP``): rows added after a solve are
+    honoured by the next one (solved from the kept basis), and adding every violated row
+    until none is left gives the optimum of the LP with all rows at once (linprog)."""
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix
+
+    from cpumap.model.palmed.lp import _GrowingLP
+
+    rng = np.random.default_rng(3)
+    n, m_eq, m_ub = 30, 8, 200
+    c = rng.uniform(0.1, 1.0, n)
+    inside = rng.uniform(0.5, 2.0, n)  # a feasible point
+    a_eq = rng.uniform(0.0, 1.0, (m_eq, n)) * (rng.random((m_eq, n)) < 0.3)
+    b_eq = a_eq @ inside
+    a_ub = rng.uniform(-1.0, 1.0, (m_ub, n)) * (rng.random((m_ub, n)) < 0.2)
+    b_ub = a_ub @ inside + rng.uniform(0.0, 0.5, m_ub)
+    lb, ub = np.zeros(n), np.full(n, 10.0)
+    ub[0] = np.inf
+    ref = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq,
+                  bounds=np.stack([lb, ub], axis=1), method="highs")
+    assert ref.status == 0
+    stats = palmed._LPStats()
+    lp = _GrowingLP(c, csr_matrix(a_eq), b_eq, lb, ub, stats)
+    have = np.zeros(m_ub, dtype=bool)
+    while True:
+        x = lp.solve()
+        add = (a_ub @ x > b_ub + 1e-9) & ~have
+        if not add.any():
+            break
+        lp.add_upper(csr_matrix(a_ub[add]), b_ub[add])
+        have |= add
+    assert 1 < stats.solves < m_ub
+    assert c @ x == pytest.approx(ref.fun, rel=1e-7)
+    assert np.allclose(a_eq @ x, b_eq) and (a_ub @ x <= b_ub + 1e-7).all()
+
+
 @pytest.mark.parametrize("tol", [1e-6, 0.05])
 def test_core_drops_a_resource_its_batch_defined_twice(tol) -> None:
     # A and B share one port: a batch of the cutting plane defines a resource from each

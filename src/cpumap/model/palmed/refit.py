@@ -23,7 +23,7 @@ from scipy.sparse import coo_matrix
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import SOFT_UPPER, Kernel, Log, Measurements, PalmedConfig
 from cpumap.model.palmed.kernels import _alone, _floor, _text, _usable, mix
-from cpumap.model.palmed.lp import _LPStats, _predict, _solve
+from cpumap.model.palmed.lp import _GrowingLP, _LPStats, _predict
 
 #: Serialising forms: their balanced mixes with the saturating kernels take at least this
 #: share of the sum of the two parts alone (``SERIAL_QUANTILE`` of the resources may do
@@ -266,10 +266,10 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     Exact measurements skip it: every kernel is already explained there, and the LP would
     only choose among equally exact uses. Above ``cfg.refit_max_bounds`` candidate upper
     bounds (kernels x (resources - 1)) it refits on a sample of the kernels that fits the
-    budget (``_within_budget``): the largest refit timed, 33,595 kernels x 10 (a simulated
-    12-port/1000-form machine at 2 % noise), took 9.3 s an LP; the native full profile's,
-    135,000 x 23, 8 min and 3.9 GB; about 190,000 x 29 was still in its first LP after
-    26 min (interior point) and 35 min (dual simplex). ``stats.refit["sampled"]`` says how
+    budget (``_within_budget``): the native full profile's sample of 148,148 kernels x 27
+    took 6.6 min in 5 LPs and 1.3 GB (``lp._GrowingLP``, Emerald Rapids-class guest; a
+    first LP over every kernel and resource would not be solved: see the cutting plane
+    below). ``stats.refit["sampled"]`` says how
     many kernels the sample kept; ``first``: kernels (texts) the sample takes before the other
     mixes (the random training kernels, drawn like the held-out ones), weighted
     ``cfg.training_weight`` in the objective. Zen 4 full profile's database, the plain refit
@@ -365,35 +365,31 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     # native forms), whose rows mostly lie far from binding
     active = loads(x0) >= POLISH_NEAR * bound[:, None]
     active[tight, designated[tight]] = False
+    lp = _GrowingLP(c, a_eq, cycles[tight], lower, upper, stats)
+    add = active
+    active = np.zeros_like(add)
     lps = 0
-    while True:
+    while add.any() or not lps:
         lps += 1
-        jj, rr = np.nonzero(active)
-        n_ub = len(jj)
+        jj, rr = np.nonzero(add)
         # row i: kernel jj[i]'s counts on resource rr[i] of its forms, and -1 on its u
         sub = sigma[jj]
         per = np.diff(sub.indptr)
-        a_ub = coo_matrix((np.concatenate([sub.data, -np.ones(n_ub)]),
-                           (np.concatenate([np.repeat(np.arange(n_ub), per), np.arange(n_ub)]),
-                            np.concatenate([sub.indices * n_res + np.repeat(rr, per),
-                                            nv_rho + 2 * nk + jj]))),
-                          shape=(n_ub, nv)).tocsr()
-        # interior point: on a simulated 12-port/1000-form machine at 2 % noise (33,595
-        # kernels, 11 resources) 9.3 s an LP against 27.4 s for the dual simplex, the same
-        # optimum; the native full profile (about 190,000 kernels, 30 resources) ran the dual
-        # simplex 35 min without an answer
+        lp.add_upper(coo_matrix((np.concatenate([sub.data, -np.ones(len(jj))]),
+                                 (np.concatenate([np.repeat(np.arange(len(jj)), per),
+                                                  np.arange(len(jj))]),
+                                  np.concatenate([sub.indices * n_res + np.repeat(rr, per),
+                                                  nv_rho + 2 * nk + jj]))),
+                                shape=(len(jj), nv)), bound[jj])
+        active |= add
         t_lp = time.perf_counter()
-        x = _solve(c, a_ub, bound[jj], a_eq, cycles[tight], upper, stats, lower,
-                   method="highs-ipm")
+        x = lp.solve()
         slack = bound[:, None] + x[nv_rho + 2 * nk:][:, None]
         add = (loads(x) > slack * (1 + 1e-9)) & ~active
         add[tight, designated[tight]] = False
         # a native full profile's LPs take minutes each: say how far the cutting plane is
-        log(f"polish: LP {lps} over {n_ub} upper bounds in {time.perf_counter() - t_lp:.1f} s; "
-            f"the solution breaks {int(add.sum())} more")
-        if not add.any():
-            break
-        active |= add
+        log(f"polish: LP {lps} over {int(active.sum())} upper bounds in "
+            f"{time.perf_counter() - t_lp:.1f} s; the solution breaks {int(add.sum())} more")
     fitted = [(k, m) for k, m, _ in rows]
     before = _misfit(rho, n_res, fitted, singletons)
     out = {f: {r: float(x[fidx[f] * n_res + r]) for r in range(n_res)
