@@ -3,6 +3,7 @@ stage each (cpumap.model.jobs's *_job functions), chosen by params.stage."""
 
 import json
 import sys
+import time
 from pathlib import Path
 
 # Import the cpumap package of this checkout (also when it is not pip-installed).
@@ -21,7 +22,12 @@ from cpumap.store import files
 
 measurer, cfg, machine = measurer_and_config(snakemake)
 stage = snakemake.params.stage
-job = jobs.StageJob(measurer, cfg, stage, lambda message: print(message, flush=True))
+# each line with the job's elapsed time: fit_model runs for most of an hour on a full profile,
+# and its log is the only record of where that hour went
+t_start = time.monotonic()
+job = jobs.StageJob(measurer, cfg, stage,
+                    lambda message: print(f"[{time.monotonic() - t_start:7.1f} s] {message}",
+                                          flush=True))
 out, inp = snakemake.output, snakemake.input
 batch_size = int(snakemake.params.model["batch_size"])
 if stage == "pairs":
