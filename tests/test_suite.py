@@ -59,7 +59,12 @@ def test_min_ticks_times_back_to_back_calls_and_reports_per_call(built):
     call, so they agree with timing single calls, minus the TSC's coarse steps. Each is the
     fastest of 3 processes: a whole process can run slow on this host (seen: 1.7x), and a
     neighbour's burst can outlast all of them (seen: 1.45x), so both kinds are sampled in
-    turn, up to 4 times, and compared by their fastest samples."""
+    turn, up to 4 times, and compared by their fastest samples. A neighbour that holds the
+    ALU for minutes slows a window of 50,000 ticks more than the luckiest single call (seen
+    on the Emerald Rapids-class guest beside a model fit: 824 against 608 cycles, 1.36x
+    after 4 tries), so the bound is the host's stated worst, 70 % slow: what the test is
+    for, a per-call figure not divided by the right number of calls, is off by a factor of
+    ``inner`` (about 60 here), far outside it either way."""
     one_min = many_min = float("inf")
     for _ in range(4):
         one = suite.measure_kernel(built["triad.O2"], reps=5, min_ticks=0, processes=3)
@@ -77,7 +82,7 @@ def test_min_ticks_times_back_to_back_calls_and_reports_per_call(built):
         # one by more than the host's interference
         if many_min <= one_min * 1.25:
             break
-    assert many_min <= one_min * 1.25
+    assert one_min * 0.5 <= many_min <= one_min * 1.7
 
 
 def test_cycles_record_keeps_the_fastest_of_several_processes(built):
