@@ -53,11 +53,11 @@ class _GrowingLP:
     Why HiGHS itself rather than ``linprog``: linprog builds and solves every LP from nothing,
     while here the first solve (interior point, crossover to a vertex) leaves a basis that
     stays dual feasible when rows join, so each later solve is a short dual simplex from it.
-    Emerald Rapids-class guest, the native full profile's refit (148,148 kernels, 28
-    resources, 6,034 forms; its inputs saved from a ``fit_model`` run and solved offline,
-    2026-11-29): 277 s for the first LP, then 89, 18, 7 and 5 s for the four that added the
-    61,000 bounds its solutions broke, the same optimum; through linprog the same refit was
-    still in its LPs after 45 min (each an interior point solve of the whole LP again).
+    Emerald Rapids-class guest, the native full profile's refit (148,148 kernels x 27
+    resources, 6,034 classes; ``fit_model`` resumed from its database, 2026-11-29): 276 s
+    for the first LP, then 80, 14, 6 and 6 s for the four that added the 64,000 bounds its
+    solutions broke; through linprog the same refit was still in its LPs after 45 min
+    (each an interior point solve of the whole LP again).
     """
 
     def __init__(self, c: np.ndarray, a_eq: Any, b_eq: np.ndarray, lb: np.ndarray,

@@ -267,7 +267,7 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     only choose among equally exact uses. Above ``cfg.refit_max_bounds`` candidate upper
     bounds (kernels x (resources - 1)) it refits on a sample of the kernels that fits the
     budget (``_within_budget``): the native full profile's sample of 148,148 kernels x 27
-    took 6.6 min in 5 LPs and 1.3 GB (``lp._GrowingLP``, Emerald Rapids-class guest; a
+    took 6.4 min in 5 LPs (``lp._GrowingLP``, Emerald Rapids-class guest; 1.3 GB offline; a
     first LP over every kernel and resource would not be solved: see the cutting plane
     below). ``stats.refit["sampled"]`` says how
     many kernels the sample kept; ``first``: kernels (texts) the sample takes before the other
