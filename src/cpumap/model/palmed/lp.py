@@ -33,12 +33,13 @@ class _LPStats:
 
 
 def _solve(c: np.ndarray, a_ub: Any, b_ub: np.ndarray, a_eq: Any, b_eq: np.ndarray,
-           ub: np.ndarray, stats: _LPStats) -> np.ndarray:
+           ub: np.ndarray, stats: _LPStats, lb: np.ndarray | None = None) -> np.ndarray:
     """The small LPs (core, per form), each built and solved once: HiGHS picks the method."""
     t0 = time.perf_counter()
     res = linprog(c, A_ub=a_ub if len(b_ub) else None, b_ub=b_ub if len(b_ub) else None,
                   A_eq=a_eq if len(b_eq) else None, b_eq=b_eq if len(b_eq) else None,
-                  bounds=np.stack([np.zeros_like(ub), ub], axis=1), method="highs")
+                  bounds=np.stack([np.zeros_like(ub) if lb is None else lb, ub], axis=1),
+                  method="highs")
     stats.solves += 1
     stats.seconds += time.perf_counter() - t0
     if res.status != 0:
