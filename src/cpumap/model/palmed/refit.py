@@ -363,11 +363,10 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
     # solution breaks, until it breaks none; it then solves the LP of all the bounds (one per
     # kernel and resource: 5 million rows, 9.7 GB and no solution after 30 min for 2,837
     # native forms), whose rows mostly lie far from binding
-    active = loads(x0) >= POLISH_NEAR * bound[:, None]
-    active[tight, designated[tight]] = False
-    lp = _GrowingLP(c, a_eq, cycles[tight], lower, upper, stats)
-    add = active
+    add = loads(x0) >= POLISH_NEAR * bound[:, None]
+    add[tight, designated[tight]] = False
     active = np.zeros_like(add)
+    lp = _GrowingLP(c, a_eq, cycles[tight], lower, upper, stats)
     lps = 0
     while add.any() or not lps:
         lps += 1
