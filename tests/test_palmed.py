@@ -1075,6 +1075,11 @@ def test_wide_training_kernels_join_only_the_wide_refit() -> None:
     assert stats["joint_refit"]["kernels"] == base["joint_refit"]["kernels"] + len(
         b.asked["training"])
     assert stats["wide_refit"]["kernels"] == base["wide_refit"]["kernels"] + len(new)
+    # and the wide refit takes them as its training kernels (sampled first, weighted), as the
+    # plain refit does its own
+    assert 0 < stats["wide_refit"]["first"] <= len(wide)
+    assert 0 < stats["joint_refit"]["first"] <= len(plain)
+    assert base["wide_refit"]["first"] == base["joint_refit"]["first"] == 0
 
 
 def test_training_weight_favours_the_training_kernels_in_the_joint_refit() -> None:

@@ -82,8 +82,9 @@ def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequenc
         if not record.get("observed"):
             continue
         dirty = stage != "wide"
+        training = [] if dirty else b.training(wide=True)
         if not dirty:  # fitted only by its refit (``wide._refit_mode``)
-            b.run("wide-training", b.training(wide=True), measure, log)
+            b.run("wide-training", training, measure, log)
         st = _LPStats()
 
         def run(need: list[str], stage: str = stage) -> None:
@@ -92,7 +93,7 @@ def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequenc
         fitted += fit_states(record, b.forms, widths, b.singletons, b.meas, rho, saturating,
                              t_plain, classes, b.config, run, log, st,
                              above(b.wide_mode, b.widths) if dirty else frozenset(),
-                             only_narrow=dirty)
+                             only_narrow=dirty, first=set(training))
         model.provenance[key]["kernels"] = b.counts.get(stage, 0)
         b.lp[stage] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}
     rep_of = {m: rep for rep, members in classes.items() for m in members}

@@ -291,6 +291,7 @@ def _polish(rho: Mapping[str, Mapping[int, float]], n_res: int, forms: Sequence[
         return {f: dict(v) for f, v in rho.items()}
     n_bounds = len(rows) * (n_res - 1)
     stats.refit = {"kernels": len(rows), "single_form": sum(len(k) == 1 for k, _, _ in rows),
+                   "first": sum(_text(k) in first for k, _, _ in rows),
                    "resources": n_res, "candidate_bounds": n_bounds,
                    "max_bounds": cfg.refit_max_bounds, "done": False}
     if cfg.refit_max_bounds is not None and n_bounds > cfg.refit_max_bounds:

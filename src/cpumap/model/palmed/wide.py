@@ -135,7 +135,8 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
              classes: Mapping[str, Sequence[str]] | None = None,
              config: PalmedConfig | None = None, log: Log = _nolog,
              lp_stats: _LPStats | None = None, own: Set[str] | None = None,
-             above: Set[str] = frozenset(), only_narrow: bool = False) -> Step:
+             above: Set[str] = frozenset(), only_narrow: bool = False,
+             first: Set[str] = frozenset()) -> Step:
     """Stage 8: the wide uses of the vector forms in one state of the mode, on a host where
     ``states.probe`` saw it.
 
@@ -168,6 +169,10 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     ``only_narrow``: only the narrow forms' uses change in this state (the dirty-upper
     state, ``palmed.dirty``: its trigger forms and the others run as outside it); the others
     keep their plain uses, fixed in the joint refit, and the result holds the narrow forms'.
+
+    ``first``: the stage's random training kernels (``Build.training(wide=True)``), which the
+    joint refit samples first and weights ``training_weight``, as the plain refit does its
+    own.
     """
     cfg = config or PalmedConfig()
     forms = [f for f in forms if f not in above]
@@ -249,7 +254,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     refit = cfg.tol >= NOISY_TOL and WIDE_REFIT
     if refit:
         fitted = _refit_mode(fitted, len(sat), met, t_of, meas, rep_of, mine, cfg,
-                             lp_stats or _LPStats(), log)
+                             lp_stats or _LPStats(), log, first)
     # a member takes its representative's wide uses of the resources the representative met,
     # per unit of its time in the mode (``fit_remaining`` scales the plain uses alike)
     for f in [*vector, *other]:
@@ -371,24 +376,31 @@ def _as_plain(form: str, mode: tuple[Mapping[str, int], float, float],
 def _refit_mode(rho: dict[str, dict[int, float]], n_res: int, met: Mapping[str, set[int]],
                 t_of: Mapping[str, float], meas: Measurements, rep_of: Mapping[str, str],
                 wide: set[str], cfg: PalmedConfig, stats: _LPStats,
-                log: Log) -> dict[str, dict[int, float]]:
+                log: Log, first: Set[str] = frozenset()) -> dict[str, dict[int, float]]:
     """The joint refit (``refit._polish``) of the wide uses over every measured kernel that
     holds a 512-bit form, members seen as their representatives; only the uses of resources
-    a form met beside the carrier move."""
+    a form met beside the carrier move. ``first`` (training kernels) are seen through the
+    representatives as well."""
     known = set(rho)
+
+    def as_reps(k: Kernel) -> Kernel:
+        kk: Kernel = {}
+        for f, n in k.items():
+            rep = rep_of.get(f, f)
+            kk[rep] = kk.get(rep, 0) + n
+        return kk
+
     sub: dict[str, float] = {}
     for text, m in meas.items():
         k = parse_canonical(text)
         if not any(f in wide for f in k):
             continue
-        kk: Kernel = {}
-        for f, n in k.items():
-            rep = rep_of.get(f, f)
-            kk[rep] = kk.get(rep, 0) + n
+        kk = as_reps(k)
         # the first measurement found of a kernel, its own or a member's, stands for it
         if set(kk) <= known:
             sub.setdefault(_text(kk), m)
     forms = sorted(known)
     bad = interacting_pairs({f: t_of[f] for f in forms}, sub, cfg.tol, cfg.max_mult)
     log(f"wide: joint refit of the wide uses over {len(sub)} kernels holding a 512-bit form")
-    return _polish(rho, n_res, forms, t_of, sub, cfg, bad, stats, log, free=met)
+    return _polish(rho, n_res, forms, t_of, sub, cfg, bad, stats, log, free=met,
+                   first={_text(as_reps(parse_canonical(t))) for t in first})
