@@ -67,7 +67,8 @@ def evaluate(model: resmodel.ResourceModel, machine: SimulatedMachine,
 
 
 def run_one(ports: int, forms: int, noise: float, seed: int, tests: int,
-            verbose: bool, training: int = 0, training_weight: float = 1.0) -> dict:
+            verbose: bool, training: int = 0, training_weight: float = 1.0,
+            betas: tuple[float, ...] | None = None) -> dict:
     """Build and evaluate one simulated machine; print its figures; return them."""
     mapping = synthetic_mapping(ports, forms, seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,7 +81,8 @@ def run_one(ports: int, forms: int, noise: float, seed: int, tests: int,
     # rounds of 4, 3.66/4.34/4.98 % with rounds of 2)
     batch = NATIVE_REFINE_BATCH if noise else palmed.PalmedConfig.refine_batch
     cfg = palmed.PalmedConfig(tol=max(1e-6, 3.5 * noise), seed=seed, refine_batch=batch,
-                              training_kernels=training, training_weight=training_weight)
+                              training_kernels=training, training_weight=training_weight,
+                              **({"betas": betas} if betas else {}))
     log = (lambda s: print("  " + s, file=sys.stderr)) if verbose else (lambda s: None)
     t0 = time.perf_counter()
     model, stats = build_model(machine.forms, machine.measure, config=cfg, log=log)
@@ -163,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="their weight in the joint refit (model.training_weight)")
     ap.add_argument("--workers", type=int, default=1,
                     help="processes for the per-form LPs of noisy fitting passes")
+    ap.add_argument("--betas", type=lambda v: tuple(float(x) for x in v.split(",")),
+                    default=None, help="the mapping kernels' proportions, comma-separated "
+                    "(PalmedConfig.betas; default: the build's own)")
     ap.add_argument("--matrix", action="store_true",
                     help="8 ports/100 forms and 10 ports/300 forms, each without and with 2%% "
                     "noise")
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(args.ports, args.forms, args.noise)]
     for ports, forms, noise in runs:
         run_one(ports, forms, noise, args.seed, args.tests, args.verbose, args.training,
-                args.training_weight)
+                args.training_weight, args.betas)
     return 0
 
 
