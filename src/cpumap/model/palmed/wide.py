@@ -61,6 +61,7 @@ from collections.abc import Mapping, Sequence, Set
 
 from cpumap.isa.transition import WIDE_BITS, mixes_512
 from cpumap.measure.asmgen import parse_canonical
+from cpumap.model.palmed.classes import Classes, through
 from cpumap.model.palmed.config import NOISY_TOL, Kernel, Log, Measurements, PalmedConfig, _nolog
 from cpumap.model.palmed.core import Core, Step
 from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
@@ -382,20 +383,13 @@ def _refit_mode(rho: dict[str, dict[int, float]], n_res: int, met: Mapping[str, 
     a form met beside the carrier move. ``first`` (training kernels) are seen through the
     representatives as well."""
     known = set(rho)
-
-    def as_reps(k: Kernel) -> Kernel:
-        kk: Kernel = {}
-        for f, n in k.items():
-            rep = rep_of.get(f, f)
-            kk[rep] = kk.get(rep, 0) + n
-        return kk
-
+    classes = Classes(dict(rep_of))
     sub: dict[str, float] = {}
     for text, m in meas.items():
         k = parse_canonical(text)
         if not any(f in wide for f in k):
             continue
-        kk = as_reps(k)
+        kk = through(k, classes)
         # the first measurement found of a kernel, its own or a member's, stands for it
         if set(kk) <= known:
             sub.setdefault(_text(kk), m)
@@ -403,4 +397,4 @@ def _refit_mode(rho: dict[str, dict[int, float]], n_res: int, met: Mapping[str, 
     bad = interacting_pairs({f: t_of[f] for f in forms}, sub, cfg.tol, cfg.max_mult)
     log(f"wide: joint refit of the wide uses over {len(sub)} kernels holding a 512-bit form")
     return _polish(rho, n_res, forms, t_of, sub, cfg, bad, stats, log, free=met,
-                   first={_text(as_reps(parse_canonical(t))) for t in first})
+                   first={_text(through(parse_canonical(t), classes)) for t in first})
