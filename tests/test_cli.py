@@ -103,6 +103,32 @@ def test_measure_is_cached_then_forced(results):
     assert not forced["cached"]
 
 
+def test_cached_kernel_of_a_shared_batch_is_that_kernel(tmp_path, catalogue_df, host):
+    """A kernel found in a pipeline batch beside others is answered with its own rows: the
+    store of two stores a cycle (at most 3 stores per cycle on any x86-64 core) and add r64
+    runs at 1/ALU-count (at most 8); answered with the batch's first kernel, the add read as
+    the store (seen: ADD_R64_R64 cached at 1.00 cycles, VMOVSD_M64_XMM's figure)."""
+    from cpumap.cli.context import Context
+    from cpumap.measure import asmgen, batch
+    from cpumap.store import db
+
+    io.write_parquet_atomic(catalogue_df, tmp_path / host["machine_id"] / "isa" / "forms.parquet")
+    ctx = Context(tmp_path)
+    kernels = ["VMOVSD_M64_XMM*2", "ADD_R64_R64"]  # the store first: its rows come first
+    rows = batch.measure_batch(kernels, catalogue_df, ctx.desc, {"min_reps": 3}, tmp_path / "w",
+                               ctx.harness_bin(), "pipeline-like-0001")
+    assert set(rows.kernel) >= set(kernels)
+    db.append(ctx.root / "db", rows, "pipeline-like-0001")
+    add = json.loads(run(tmp_path, "measure", "--json", "--repeat", "3", "ADD_R64_R64").stdout)
+    assert add["cached"] and add["kernel"] == "ADD_R64_R64"
+    assert add["kernel_id"] == asmgen.kernel_id("ADD_R64_R64") and add["n_insns"] == 1
+    assert 0.12 <= add["cycles"] <= 1.0 and add["repetitions"] == int(
+        ((rows.kernel == "ADD_R64_R64") & (rows.status == "ok") & (rows.role != "monitor")).sum())
+    store = json.loads(run(tmp_path, "measure", "--json", "--repeat", "3",
+                           "VMOVSD_M64_XMM*2").stdout)
+    assert store["cached"] and store["n_insns"] == 2 and store["cycles"] >= 2 / 3 * 0.97
+
+
 @pytest.mark.parametrize("args,option", [
     (["measure", "--repeat", "0", "ADD_R64_R64"], "--repeat"),
     (["roofline", "--no-sweep", "--processes", "0"], "--processes"),

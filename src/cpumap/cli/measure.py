@@ -26,9 +26,14 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
 
     from cpumap.measure import asmgen, estimate, quiet
 
-    ok = rows[(rows.status == "ok") & (rows.role != "monitor")]
+    # a cached kernel's rows come with the rest of its batch (a pipeline batch holds hundreds
+    # of kernels): the calibration and the monitors are the batch's, the estimate is this
+    # kernel's alone
+    mine = rows[(rows.kernel_id == asmgen.kernel_id(asmgen.canonical(kernel)))
+                & (rows.role != "monitor")]
+    ok = mine[mine.status == "ok"]
     if ok.empty:
-        errors = "; ".join(sorted(set(rows.error[rows.role != "monitor"])))
+        errors = "; ".join(sorted(set(mine.error))) or "no row of it in its batch"
         raise RuntimeError(f"kernel {asmgen.canonical(kernel)} failed: {errors}")
     pool = rows if recent is None or recent.empty else pd.concat([recent, rows])
     agg = estimate.aggregate(ok, ratios=estimate.batch_ratios(pool)).iloc[0]
@@ -50,7 +55,7 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
         "calib_ratio": float(agg["calib_ratio"]), "machine_id": str(ok.machine_id.iloc[0]),
         "params_id": str(ok.params_id.iloc[0]), "cached": cached,
         "host_noise": float(mon.noise.iloc[-1]) if len(mon) else None,
-        "rounds": int(rows["round"].nunique()) if "round" in rows else None,
+        "rounds": int(ok["round"].nunique()) if "round" in ok else None,
         "quiet_rounds": len(calm) if len(per_round) else None,
         "monitors_slowest_round": worst or None,
         "reference": (reference or {}).get(str(agg["kernel"])),
