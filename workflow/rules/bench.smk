@@ -13,6 +13,7 @@ checkpoint plan_singletons:
     params:
         selection=config["selection"],
         batch_size=config["bench"]["batch_size"],
+    priority: MODEL_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -34,6 +35,7 @@ rule compile_batch:
     params:
         bench=config["bench"],
     threads: 1
+    priority: MODEL_COMPILE_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -60,7 +62,7 @@ rule measure_batch:
         machine=config["machine"],
         workdir=lambda wildcards: f"{RESULTS}/{wildcards.mid}/bench/singletons/work/{wildcards.batch}",
     threads: 1
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
         # One measuring job per measuring slot: the workflow profile sets
         # measure_slots=1 (at most one job measures at a time, so jobs never share

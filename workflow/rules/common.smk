@@ -28,6 +28,23 @@ RESULTS = config["results_dir"].rstrip("/")
 # compiled batches waited: the measuring slot stood idle 3-41 s between mapping batches
 # (Emerald Rapids-class guest, full profile, 2026-11-29), about 20 s a batch.
 MEASURING_PRIORITY = 10
+# The model's chain (catalogue, singletons, the Palmed stages, validation) is the run's
+# longest: its jobs go first, measuring or not, so that the roofline's and the suite's
+# measurements fill the slot while a Palmed stage solves its LPs (cpumap.measure.slot). Its
+# compile jobs come after its measuring ones, so that both cores never compile while a
+# compiled batch waits for the slot.
+MODEL_PRIORITY = 20
+MODEL_COMPILE_PRIORITY = 15
+# The measure_slots of a job that measures round by round between LPs: none while the
+# measuring lock (config measuring_lock) keeps its rounds apart from every other job's
+# measurements, one (the whole job) without it.
+ROUND_MEASURE_SLOTS = 0 if config["measuring_lock"] else 1
+# fit_model's cores. A fit of every form (a full profile: 74,237 per-form LPs in 1,527 s, Zen 4,
+# 2026-11-27) runs its LPs in a pool of two and compiles ahead. The quick set's fit solves
+# 2,703 in 11 s (Emerald Rapids-class guest, 2026-12-01), and a job of two cores waits for
+# both to be free: the scheduler gave every core that freed to one-core jobs, and fit_model
+# started 111 s after its inputs were ready.
+FIT_THREADS = 2 if config["selection"]["forms"] == "all" else 1
 
 
 def _machine_id():

@@ -14,6 +14,7 @@ rule singleton_summary:
     params:
         bench=config["bench"],
         machine=config["machine"],
+    priority: MODEL_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:

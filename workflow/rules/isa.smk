@@ -8,6 +8,7 @@ rule machine:
         f"{LOGS}/machine.log",
     params:
         machine=config["machine"],
+    priority: MODEL_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -24,6 +25,7 @@ rule harness:
         f"{LOGS}/harness.log",
     params:
         out_dir=lambda wildcards, output: str(Path(output.bin).parent),
+    priority: MODEL_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -43,6 +45,7 @@ rule catalogue:
         smoke_run=config["catalogue"]["smoke_run"],
         bench=config["bench"],
         machine=config["machine"],
+    priority: MODEL_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -64,7 +67,7 @@ rule sse_avx_probe:
         bench=config["bench"],
         machine=config["machine"],
         workdir=f"{MDIR}/isa/work/sse-avx",
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
         measure_slots=1,
     conda:

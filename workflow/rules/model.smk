@@ -41,9 +41,11 @@ checkpoint palmed_pairs:
         model=config["model"],
         workdir=f"{MDIR}/model/work/pairs",
     threads: 1
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
-        measure_slots=1,
+        # with the measuring lock, none: it takes the lock around each timed round only
+        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -69,6 +71,7 @@ rule palmed_compile:
     params:
         bench=config["bench"],
     threads: 1
+    priority: MODEL_COMPILE_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -100,7 +103,7 @@ rule palmed_measure:
             f"{RESULTS}/{wildcards.mid}/model/work/{wildcards.pstage}-{wildcards.batch}"
         ),
     threads: 1
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
         measure_slots=1,
     conda:
@@ -127,10 +130,11 @@ rule palmed_basic:
         model=config["model"],
         workdir=f"{MDIR}/model/work/basic",
     threads: 1
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
-        # answers from the DB: a pair that is missing there (a lost part) is measured here
-        measure_slots=1,
+        # with the measuring lock, none: it takes the lock around each timed round only
+        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -154,9 +158,11 @@ rule palmed_core:
         model=config["model"],
         workdir=f"{MDIR}/model/work/core",
     threads: 1
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
-        measure_slots=1,
+        # with the measuring lock, none: it takes the lock around each timed round only
+        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -181,9 +187,11 @@ checkpoint palmed_mapping:
         model=config["model"],
         workdir=f"{MDIR}/model/work/mapping",
     threads: 1
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
-        measure_slots=1,
+        # with the measuring lock, none: it takes the lock around each timed round only
+        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -210,13 +218,15 @@ rule fit_model:
         machine=config["machine"],
         model=config["model"],
         workdir=f"{MDIR}/model/work/remaining",
-    # the per-form LPs of noisy fitting passes run in two processes, and the next batch
-    # of a long request (the lighter proportions, a refinement round) compiles while one
-    # measures
-    threads: 2
-    priority: MEASURING_PRIORITY
+    # the per-form LPs of noisy fitting passes run in FIT_THREADS processes, and the next
+    # batch of a long request (the lighter proportions, a refinement round) compiles while
+    # one measures
+    threads: FIT_THREADS
+    priority: MODEL_PRIORITY
     resources:
-        measure_slots=1,
+        # with the measuring lock, none: it takes the lock around each timed round only
+        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -244,9 +254,11 @@ rule validate_model:
         model=config["model"],
         workdir=f"{MDIR}/model/work-validation",
     threads: 1
-    priority: MEASURING_PRIORITY
+    priority: MODEL_PRIORITY
     resources:
-        measure_slots=1,
+        # with the measuring lock, none: it takes the lock around each timed round only
+        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
     script:

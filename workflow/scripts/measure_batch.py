@@ -12,6 +12,11 @@ from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
+from cpumap.measure import slot
+
+# the measuring lock of its results: a job with a measuring slot holds it until it exits
+slot.join_job(snakemake)
+
 from cpumap.measure import quiet
 from cpumap.measure.asmgen import canonical, kernel_id, parse_canonical
 from cpumap.measure.backend import batch_rows, measurement_key

@@ -14,6 +14,11 @@ from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
+from cpumap.measure import slot
+
+# the measuring lock of its results, taken around each timed round (no measuring slot)
+slot.join_job(snakemake)
+
 from model_common import measurer_and_config
 
 from cpumap.measure import campaign, transition
@@ -63,3 +68,5 @@ elif stage == "remaining":
     print(f"{len(model.resources)} resources; kernels per stage {stats['kernels']}")
 else:
     raise SystemExit(f"unknown Palmed stage {stage!r}")
+# the stage holds the measuring slot round by round: what it waited while others measured
+print(f"waited {slot.waited_s():.1f} s for the measuring slot", flush=True)

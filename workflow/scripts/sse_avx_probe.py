@@ -12,6 +12,11 @@ from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
+from cpumap.measure import slot
+
+# the measuring lock of its results: a job with a measuring slot holds it until it exits
+slot.join_job(snakemake)
+
 from model_common import measurer_of
 
 from cpumap.measure import transition

@@ -12,6 +12,11 @@ from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
+from cpumap.measure import slot
+
+# the measuring lock of its results, taken around each timed round (no measuring slot)
+slot.join_job(snakemake)
+
 from model_common import measurer_and_config
 
 from cpumap.evaluate import noise
@@ -43,3 +48,4 @@ report = jobs.validation_report(metrics, stats, machine["machine_id"], count,
                                 noise.summary_line(noise.summary(monitor)), model=model)
 files.write_text_atomic(report, snakemake.output.report)
 print(json.dumps(metrics))
+print(f"waited {slot.waited_s():.1f} s for the measuring slot", flush=True)

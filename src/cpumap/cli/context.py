@@ -54,8 +54,10 @@ class Context:
         return path
 
     def harness_bin(self) -> Path:
-        from cpumap.measure import harness
+        from cpumap.measure import harness, slot
 
+        # a measurement from the CLI waits for a pipeline's on the same results
+        slot.use(slot.lock_path(self.root))
         return harness.build_harness(self.root / "bin")
 
     def catalogue(self, rebuild: bool = False, smoke: bool = True) -> catalogue.Catalogue:

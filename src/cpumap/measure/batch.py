@@ -20,7 +20,7 @@ import pandas as pd
 
 from cpumap.isa.catalogue import host_flags
 from cpumap.isa.x86 import FormSpec
-from cpumap.measure import asmgen, blockgen, estimate, harness, quiet, robust, rows
+from cpumap.measure import asmgen, blockgen, estimate, harness, quiet, robust, rows, slot
 from cpumap.measure.settings import BenchSettings, bench_settings
 from cpumap.store import db
 
@@ -249,11 +249,15 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     while True:
         if started:  # rounds apart in time: bursts of interference last seconds
             time.sleep(max(0.0, started[-1] + gap - time.monotonic()))
-        started.append(time.monotonic())
-        results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
-                                         progress=tick, indices=todo, map_pages=map_pages,
-                                         map_fill=blockgen.BLOCK_INIT,
-                                         **bench.harness_args()))
+        # the slot is held for one round: between rounds (the gap, the judging) and between
+        # batches another job may measure (cpumap.measure.slot)
+        with slot.held():
+            started.append(time.monotonic())
+            results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
+                                             progress=tick, indices=todo,
+                                             map_pages=map_pages,
+                                             map_fill=blockgen.BLOCK_INIT,
+                                             **bench.harness_args()))
         runs["before"] += len(todo)
         # the monitors speak for the kernels measured near them in time: a round much
         # longer than a neighbour's spell (a whole singleton batch, seconds) is not judged

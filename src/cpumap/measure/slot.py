@@ -1,0 +1,111 @@
+"""The measuring slot: one process times code on this machine at a time.
+
+Two measurements that run at once share the machine's caches and, on a 2-vCPU guest, its
+physical core: each slows the other. The pipeline used to keep them apart with Snakemake's
+``measure_slots`` resource alone, which a job holds from start to end; but a Palmed stage
+alternates measuring rounds with seconds to minutes of linear programs (the quick set's core
+mapping: 94 s, of which ~30 s measuring, Emerald Rapids-class guest, 2026-12-01), and while
+it solves them no other job could measure. A lock taken around each timed run lets another
+job measure during the solving.
+
+The lock is a POSIX record lock (``lockf``) on one file per results directory and host: the kernel
+releases it when the process exits, however it exits, and a forked worker (the LP pool, the
+compile-ahead worker) does not inherit it, so it cannot keep it past its parent's release.
+The file is named by the environment variable ``CPUMAP_MEASURE_LOCK`` (set by each workflow job
+for its results directory, :func:`join_job`, and by the CLI for its own), so that the code that
+measures need not pass it down; without it, :func:`held` does nothing (unit tests, scripts).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ENV = "CPUMAP_MEASURE_LOCK"
+
+_state: dict = {"fd": None, "depth": 0, "waited": 0.0, "pid": None}
+
+
+def path() -> Path | None:
+    value = os.environ.get(ENV)
+    return Path(value) if value else None
+
+
+def use(lock: str | Path) -> None:
+    """Name this process's lock file (and its children's) unless one is named already."""
+    os.environ.setdefault(ENV, str(lock))
+
+
+def waited_s() -> float:
+    """Seconds this process has waited for the slot so far (for its log)."""
+    return float(_state["waited"])
+
+
+def _acquire(lock: Path) -> None:
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    t0 = time.monotonic()
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    _state.update(fd=fd, waited=_state["waited"] + time.monotonic() - t0, pid=os.getpid())
+
+
+def _release() -> None:
+    fd, _state["fd"] = _state["fd"], None
+    if fd is not None:
+        os.close(fd)  # closing releases the process's record lock
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Hold the measuring slot for the block; nested uses take it once. A forked child starts
+    without it (the parent's record lock is not its own) and takes it anew."""
+    lock = path()
+    if lock is None:
+        yield
+        return
+    if _state["pid"] != os.getpid():  # a forked child: its parent's counter is not its own
+        _state.update(fd=None, depth=0, pid=os.getpid())
+    if _state["depth"] == 0:
+        _acquire(lock)
+    _state["depth"] += 1
+    try:
+        yield
+    finally:
+        _state["depth"] -= 1
+        if _state["depth"] == 0:
+            _release()
+
+
+def lock_path(machine_dir: Path) -> Path:
+    """The lock of one host's measurements under a machine's results. Per host: identical
+    cluster nodes share a machine id, and so a directory, but not a core."""
+    return (Path(machine_dir) / f".measure-{socket.gethostname()}.lock").resolve()
+
+
+def join_job(snakemake) -> None:  # noqa: ANN001 - Snakemake's script object
+    """Name the lock of the job's results directory and host (:func:`lock_path`), unless the
+    config's ``measuring_lock`` is false. A job that holds a ``measure_slots`` resource times
+    code from start to end: it takes the slot for its whole life (the kernel gives it back at
+    exit). A job without one (a Palmed stage) takes it around each timed round instead
+    (:func:`held`)."""
+    if not snakemake.config.get("measuring_lock", True):
+        return
+    lock = lock_path(Path(snakemake.config["results_dir"]) / snakemake.wildcards.mid)
+    use(lock)
+    if int(getattr(snakemake.resources, "measure_slots", 0) or 0) > 0:
+        if _state["pid"] != os.getpid():
+            _state.update(fd=None, depth=0, pid=os.getpid())
+        if _state["depth"] == 0:
+            _acquire(lock)
+            if _state["waited"] >= 1.0:
+                print(f"measuring slot taken after {_state['waited']:.1f} s", flush=True)
+        _state["depth"] += 1

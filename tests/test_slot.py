@@ -1,0 +1,134 @@
+"""The measuring slot (cpumap.measure.slot): one process of a host times code at a time, a
+nested use takes it once, a forked worker does not inherit it, and it is given back however
+the holder ends. Checked with real processes and non-blocking lock attempts, never timing."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpumap.measure import slot
+
+PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    print("busy")
+else:
+    print("free")
+"""
+
+
+def probe(lock: Path) -> str:
+    """What another process finds: the slot free or busy (without waiting)."""
+    return subprocess.run([sys.executable, "-c", PROBE, str(lock)], capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip()
+
+
+@pytest.fixture
+def lock(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "m" / ".measure-host.lock"
+    monkeypatch.setenv(slot.ENV, str(path))
+    return path
+
+
+def test_held_excludes_other_processes_and_nests(lock):
+    with slot.held():
+        assert probe(lock) == "busy"
+        with slot.held():  # a nested round of the same process: no self-deadlock
+            assert probe(lock) == "busy"
+        assert probe(lock) == "busy"  # the outer use still holds it
+    assert probe(lock) == "free"
+
+
+def _child_view(path: str, out) -> None:  # noqa: ANN001 - a multiprocessing pipe end
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        out.send("busy")
+    else:
+        out.send("free")
+
+
+def test_a_forked_worker_does_not_hold_its_parents_slot(lock):
+    """A worker forked while the parent measures (the compile-ahead or LP pool) finds the slot
+    busy, and it cannot keep it after the parent lets go."""
+    ctx = multiprocessing.get_context("fork")
+    with slot.held():
+        recv, send = ctx.Pipe(duplex=False)
+        worker = ctx.Process(target=_child_view, args=(str(lock), send))
+        worker.start()
+        assert recv.recv() == "busy"
+        worker.join(timeout=60)
+        keeper = ctx.Process(target=__import__("time").sleep, args=(30,))
+        keeper.start()  # alive, with the parent's descriptor, after the parent's release
+    try:
+        assert probe(lock) == "free"
+    finally:
+        keeper.kill()
+        keeper.join()
+
+
+def test_the_slot_is_given_back_when_its_holder_dies(lock):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys; from cpumap.measure import slot\n"
+         "with slot.held():\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, slot.ENV: str(lock)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert probe(lock) == "busy"
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert probe(lock) == "free"
+
+
+def test_without_a_lock_named_held_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(slot.ENV, raising=False)
+    with slot.held():
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+class _Job:
+    """The parts of Snakemake's script object that join_job reads."""
+
+    def __init__(self, root: Path, slots: int, lock_on: bool = True):
+        self.config = {"results_dir": str(root), "measuring_lock": lock_on}
+        self.wildcards = type("W", (), {"mid": "m"})()
+        self.resources = type("R", (), {"measure_slots": slots})()
+
+
+def test_join_job_holds_for_a_measuring_job_and_not_for_a_round_by_round_one(tmp_path):
+    """Run in fresh interpreters: join_job names the lock for the process and its children."""
+    code = ("import sys, json; sys.path.insert(0, {tests!r}); from test_slot import _Job, probe\n"
+            "from cpumap.measure import slot\n"
+            "from pathlib import Path\n"
+            "slot.join_job(_Job(Path({root!r}), int(sys.argv[1]), sys.argv[2] == 'on'))\n"
+            "lock = slot.lock_path(Path({root!r}) / 'm')\n"
+            "print(json.dumps([str(slot.path()), probe(lock) if lock.exists() else 'none']))\n")
+    code = code.format(tests=str(Path(__file__).parent), root=str(tmp_path))
+
+    def run(slots: int, on: str) -> list:
+        env = {k: v for k, v in os.environ.items() if k != slot.ENV}
+        proc = subprocess.run([sys.executable, "-c", code, str(slots), on], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        import json
+
+        return json.loads(proc.stdout)
+
+    lock = str(slot.lock_path(tmp_path / "m"))
+    assert run(0, "on") == [lock, "none"]   # a Palmed stage: named, taken round by round
+    assert run(1, "off") == ["None", "none"]  # measuring_lock false: no lock at all
+    assert run(1, "on") == [lock, "busy"]   # a measuring job: its own from the start
