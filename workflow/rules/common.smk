@@ -66,6 +66,10 @@ MACHINE_ID = _machine_id()
 # under a machine that does not exist).
 NATIVE = config["machine"]["backend"] == "native"
 SUITE_ON = config["suite"]["enabled"] and NATIVE
+# With model.suite_forms the suite's blocks (built, counted) feed the model's first stage:
+# they join its chain, below its measuring jobs.
+SUITE_BLOCKS_PRIORITY = (MODEL_COMPILE_PRIORITY if SUITE_ON and config["model"]["enabled"]
+                         and config["model"]["suite_forms"] else 0)
 
 
 wildcard_constraints:

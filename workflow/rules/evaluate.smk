@@ -15,6 +15,7 @@ rule eval_suite_forms:
         forms=EVAL_SUITE_FORMS,
     log:
         f"{LOGS}/evaluate/suite_forms.log",
+    priority: SUITE_BLOCKS_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:

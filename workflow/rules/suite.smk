@@ -21,6 +21,7 @@ rule suite_build:
     params:
         flags=lambda wildcards: config["suite"]["flagsets"][wildcards.flagset],
         common=config["suite"]["common_flags"],
+    priority: SUITE_BLOCKS_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
@@ -46,6 +47,7 @@ rule suite_count:
         n=config["suite"]["n"],
         timeout=config["suite"]["count_timeout_s"],
         all_blocks=config["suite"]["count_all_blocks"],
+    priority: SUITE_BLOCKS_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:
