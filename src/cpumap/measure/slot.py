@@ -64,19 +64,24 @@ def _release() -> None:
         os.close(fd)  # closing releases the process's record lock
 
 
-@contextmanager
-def held() -> Iterator[None]:
-    """Hold the measuring slot for the block; nested uses take it once. A forked child starts
-    without it (the parent's record lock is not its own) and takes it anew."""
-    lock = path()
-    if lock is None:
-        yield
-        return
-    if _state["pid"] != os.getpid():  # a forked child: its parent's counter is not its own
+def _enter(lock: Path) -> None:
+    """Take the slot unless this process holds it already; count the nesting. A forked child
+    starts without it (its parent's record lock is not its own) and takes it anew."""
+    if _state["pid"] != os.getpid():
         _state.update(fd=None, depth=0, pid=os.getpid())
     if _state["depth"] == 0:
         _acquire(lock)
     _state["depth"] += 1
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Hold the measuring slot for the block; nested uses take it once."""
+    lock = path()
+    if lock is None:
+        yield
+        return
+    _enter(lock)
     try:
         yield
     finally:
@@ -102,10 +107,6 @@ def join_job(snakemake) -> None:  # noqa: ANN001 - Snakemake's script object
     lock = lock_path(Path(snakemake.config["results_dir"]) / snakemake.wildcards.mid)
     use(lock)
     if int(getattr(snakemake.resources, "measure_slots", 0) or 0) > 0:
-        if _state["pid"] != os.getpid():
-            _state.update(fd=None, depth=0, pid=os.getpid())
-        if _state["depth"] == 0:
-            _acquire(lock)
-            if _state["waited"] >= 1.0:
-                print(f"measuring slot taken after {_state['waited']:.1f} s", flush=True)
-        _state["depth"] += 1
+        _enter(lock)
+        if _state["waited"] >= 1.0:
+            print(f"measuring slot taken after {_state['waited']:.1f} s", flush=True)
