@@ -93,6 +93,29 @@ def test_the_slot_is_given_back_when_its_holder_dies(lock):
     assert probe(lock) == "free"
 
 
+def test_threads_of_one_process_share_the_slot_and_give_it_back_once(lock):
+    """Two threads measuring at once (the compute ceilings on every CPU) hold the slot as
+    one process, and it is free only after the last of them."""
+    import threading
+
+    inside, leave = threading.Barrier(3), threading.Event()
+
+    def work() -> None:
+        with slot.held():
+            inside.wait(timeout=60)
+            leave.wait(timeout=60)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    inside.wait(timeout=60)
+    assert probe(lock) == "busy"
+    leave.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert probe(lock) == "free"
+
+
 def test_without_a_lock_named_held_does_nothing(tmp_path, monkeypatch):
     monkeypatch.delenv(slot.ENV, raising=False)
     with slot.held():
@@ -109,12 +132,14 @@ class _Job:
         self.resources = type("R", (), {"measure_slots": slots})()
 
 
-def test_join_job_holds_for_a_measuring_job_and_not_for_a_round_by_round_one(tmp_path):
-    """Run in fresh interpreters: join_job names the lock for the process and its children."""
+def test_join_job_holds_for_a_whole_job_and_not_for_a_round_by_round_one(tmp_path):
+    """Run in fresh interpreters: join_job names the lock for the process and its children,
+    and takes it for life only for a job that times code outside the harness's rounds."""
     code = ("import sys, json; sys.path.insert(0, {tests!r}); from test_slot import _Job, probe\n"
             "from cpumap.measure import slot\n"
             "from pathlib import Path\n"
-            "slot.join_job(_Job(Path({root!r}), int(sys.argv[1]), sys.argv[2] == 'on'))\n"
+            "slot.join_job(_Job(Path({root!r}), int(sys.argv[1]), sys.argv[2] == 'on'),\n"
+            "              whole=sys.argv[1] == '1')\n"
             "lock = slot.lock_path(Path({root!r}) / 'm')\n"
             "print(json.dumps([str(slot.path()), probe(lock) if lock.exists() else 'none']))\n")
     code = code.format(tests=str(Path(__file__).parent), root=str(tmp_path))
@@ -129,6 +154,6 @@ def test_join_job_holds_for_a_measuring_job_and_not_for_a_round_by_round_one(tmp
         return json.loads(proc.stdout)
 
     lock = str(slot.lock_path(tmp_path / "m"))
-    assert run(0, "on") == [lock, "none"]   # a Palmed stage: named, taken round by round
+    assert run(0, "on") == [lock, "none"]   # round by round: named, taken by each round
     assert run(1, "off") == ["None", "none"]  # measuring_lock false: no lock at all
-    assert run(1, "on") == [lock, "busy"]   # a measuring job: its own from the start
+    assert run(1, "on") == [lock, "busy"]   # a whole job: its own from the start

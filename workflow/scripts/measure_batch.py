@@ -14,8 +14,8 @@ redirect_output(snakemake.log[0])
 
 from cpumap.measure import slot
 
-# the measuring lock of its results: a job with a measuring slot holds it until it exits
-slot.join_job(snakemake)
+# the measuring lock of its results, taken around each of its batches' rounds
+slot.join_job(snakemake, whole=False)
 
 from cpumap.measure import quiet
 from cpumap.measure.asmgen import canonical, kernel_id, parse_canonical

@@ -15,7 +15,7 @@ redirect_output(snakemake.log[0])
 from cpumap.measure import slot
 
 # the measuring lock of its results, taken around each timed round (no measuring slot)
-slot.join_job(snakemake)
+slot.join_job(snakemake, whole=False)
 
 from model_common import measurer_and_config
 

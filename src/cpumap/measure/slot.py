@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,9 @@ from pathlib import Path
 ENV = "CPUMAP_MEASURE_LOCK"
 
 _state: dict = {"fd": None, "depth": 0, "waited": 0.0, "pid": None}
+# the threads of one process share its record lock (the roofline's compute ceilings measure
+# on every CPU from one thread each): the count of its users is kept under this mutex
+_mutex = threading.Lock()
 
 
 def path() -> Path | None:
@@ -67,11 +71,19 @@ def _release() -> None:
 def _enter(lock: Path) -> None:
     """Take the slot unless this process holds it already; count the nesting. A forked child
     starts without it (its parent's record lock is not its own) and takes it anew."""
-    if _state["pid"] != os.getpid():
-        _state.update(fd=None, depth=0, pid=os.getpid())
-    if _state["depth"] == 0:
-        _acquire(lock)
-    _state["depth"] += 1
+    with _mutex:
+        if _state["pid"] != os.getpid():
+            _state.update(fd=None, depth=0, pid=os.getpid())
+        if _state["depth"] == 0:
+            _acquire(lock)
+        _state["depth"] += 1
+
+
+def _leave() -> None:
+    with _mutex:
+        _state["depth"] -= 1
+        if _state["depth"] == 0:
+            _release()
 
 
 @contextmanager
@@ -85,9 +97,7 @@ def held() -> Iterator[None]:
     try:
         yield
     finally:
-        _state["depth"] -= 1
-        if _state["depth"] == 0:
-            _release()
+        _leave()
 
 
 def lock_path(machine_dir: Path) -> Path:
@@ -96,17 +106,18 @@ def lock_path(machine_dir: Path) -> Path:
     return (Path(machine_dir) / f".measure-{socket.gethostname()}.lock").resolve()
 
 
-def join_job(snakemake) -> None:  # noqa: ANN001 - Snakemake's script object
+def join_job(snakemake, whole: bool) -> None:  # noqa: ANN001 - Snakemake's script object
     """Name the lock of the job's results directory and host (:func:`lock_path`), unless the
-    config's ``measuring_lock`` is false. A job that holds a ``measure_slots`` resource times
-    code from start to end: it takes the slot for its whole life (the kernel gives it back at
-    exit). A job without one (a Palmed stage) takes it around each timed round instead
-    (:func:`held`)."""
+    config's ``measuring_lock`` is false. ``whole``: the job times code outside the harness's
+    rounds (a driver binary, the bandwidth sweep, all cores at once) and takes the slot for its
+    whole life (the kernel gives it back at exit). Otherwise every timed run of the job is a
+    round of :mod:`cpumap.measure.batch`, which takes the slot around each (:func:`held`):
+    a Palmed stage waits at most a round of a batch beside it, not the whole batch."""
     if not snakemake.config.get("measuring_lock", True):
         return
     lock = lock_path(Path(snakemake.config["results_dir"]) / snakemake.wildcards.mid)
     use(lock)
-    if int(getattr(snakemake.resources, "measure_slots", 0) or 0) > 0:
+    if whole:
         _enter(lock)
         if _state["waited"] >= 1.0:
             print(f"measuring slot taken after {_state['waited']:.1f} s", flush=True)
