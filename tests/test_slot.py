@@ -126,10 +126,9 @@ def test_without_a_lock_named_held_does_nothing(tmp_path, monkeypatch):
 class _Job:
     """The parts of Snakemake's script object that join_job reads."""
 
-    def __init__(self, root: Path, slots: int, lock_on: bool = True):
+    def __init__(self, root: Path, lock_on: bool = True):
         self.config = {"results_dir": str(root), "measuring_lock": lock_on}
         self.wildcards = type("W", (), {"mid": "m"})()
-        self.resources = type("R", (), {"measure_slots": slots})()
 
 
 def test_join_job_holds_for_a_whole_job_and_not_for_a_round_by_round_one(tmp_path):
@@ -138,15 +137,14 @@ def test_join_job_holds_for_a_whole_job_and_not_for_a_round_by_round_one(tmp_pat
     code = ("import sys, json; sys.path.insert(0, {tests!r}); from test_slot import _Job, probe\n"
             "from cpumap.measure import slot\n"
             "from pathlib import Path\n"
-            "slot.join_job(_Job(Path({root!r}), int(sys.argv[1]), sys.argv[2] == 'on'),\n"
-            "              whole=sys.argv[1] == '1')\n"
+            "slot.join_job(_Job(Path({root!r}), sys.argv[2] == 'on'), whole=sys.argv[1] == '1')\n"
             "lock = slot.lock_path(Path({root!r}) / 'm')\n"
             "print(json.dumps([str(slot.path()), probe(lock) if lock.exists() else 'none']))\n")
     code = code.format(tests=str(Path(__file__).parent), root=str(tmp_path))
 
-    def run(slots: int, on: str) -> list:
+    def run(whole: int, on: str) -> list:
         env = {k: v for k, v in os.environ.items() if k != slot.ENV}
-        proc = subprocess.run([sys.executable, "-c", code, str(slots), on], env=env,
+        proc = subprocess.run([sys.executable, "-c", code, str(whole), on], env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         import json

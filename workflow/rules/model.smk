@@ -132,8 +132,8 @@ rule palmed_basic:
     threads: 1
     priority: MODEL_PRIORITY
     resources:
-        # with the measuring lock, none: it takes the lock around each timed round only
-        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        # answers from the DB: a pair that is missing there (a lost part) is measured here;
+        # none with the measuring lock: its rounds take the lock (ROUND_MEASURE_SLOTS)
         measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
@@ -160,8 +160,7 @@ rule palmed_core:
     threads: 1
     priority: MODEL_PRIORITY
     resources:
-        # with the measuring lock, none: it takes the lock around each timed round only
-        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        # none with the measuring lock: its rounds take the lock (ROUND_MEASURE_SLOTS)
         measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
@@ -189,8 +188,7 @@ checkpoint palmed_mapping:
     threads: 1
     priority: MODEL_PRIORITY
     resources:
-        # with the measuring lock, none: it takes the lock around each timed round only
-        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        # none with the measuring lock: its rounds take the lock (ROUND_MEASURE_SLOTS)
         measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
@@ -224,8 +222,7 @@ rule fit_model:
     threads: FIT_THREADS
     priority: MODEL_PRIORITY
     resources:
-        # with the measuring lock, none: it takes the lock around each timed round only
-        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        # none with the measuring lock: its rounds take the lock (ROUND_MEASURE_SLOTS)
         measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
@@ -256,8 +253,7 @@ rule validate_model:
     threads: 1
     priority: MODEL_PRIORITY
     resources:
-        # with the measuring lock, none: it takes the lock around each timed round only
-        # (cpumap.measure.slot), so that others measure while it solves its LPs
+        # none with the measuring lock: its rounds take the lock (ROUND_MEASURE_SLOTS)
         measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"

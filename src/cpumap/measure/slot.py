@@ -59,7 +59,7 @@ def _acquire(lock: Path) -> None:
     except BaseException:
         os.close(fd)
         raise
-    _state.update(fd=fd, waited=_state["waited"] + time.monotonic() - t0, pid=os.getpid())
+    _state.update(fd=fd, waited=_state["waited"] + time.monotonic() - t0)
 
 
 def _release() -> None:
