@@ -155,3 +155,20 @@ def test_join_job_holds_for_a_whole_job_and_not_for_a_round_by_round_one(tmp_pat
     assert run(0, "on") == [lock, "none"]   # round by round: named, taken by each round
     assert run(1, "off") == ["None", "none"]  # measuring_lock false: no lock at all
     assert run(1, "on") == [lock, "busy"]   # a whole job: its own from the start
+
+
+def test_the_cli_holds_the_slot_of_its_results_while_it_times_outside_the_harness(
+        tmp_path, monkeypatch):
+    """``cpumap roofline`` and ``cpumap analyze`` time code outside the harness's rounds
+    (sweep, kernel points, a function's calls): the CLI's context holds the pipeline's lock of
+    the same results and host for those blocks, and gives it back after."""
+    from cpumap.cli.context import Context
+
+    monkeypatch.delenv(slot.ENV, raising=False)
+    ctx = Context(tmp_path / "results")
+    ctx._desc = {"machine_id": "m"}
+    lock = slot.lock_path(ctx.root)
+    with ctx.timing():
+        assert os.environ[slot.ENV] == str(lock)
+        assert probe(lock) == "busy"
+    assert probe(lock) == "free"

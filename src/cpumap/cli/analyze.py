@@ -169,9 +169,10 @@ def analyze(args: argparse.Namespace, ctx: Context, prog_args: list[str]) -> dic
 
         say(f"timing the first call of {symbol}: {args.reps or 5} runs")
         try:
-            measured = time_function(args.binary, symbol, prog_args, reps=args.reps or 5,
-                                     timeout=timeout, lib=build_timer(ctx.root / "bin"),
-                                     progress=say).to_dict()
+            with ctx.timing():
+                measured = time_function(args.binary, symbol, prog_args, reps=args.reps or 5,
+                                         timeout=timeout, lib=build_timer(ctx.root / "bin"),
+                                         progress=say).to_dict()
         except TimingError as exc:
             measured = {"error": str(exc)}
     lifted = (lift.lift(bdf, cdf, pd.concat(preds.values(), ignore_index=True))

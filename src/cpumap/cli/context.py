@@ -7,6 +7,8 @@ instruction, bad option): a subcommand raises :class:`UsageError` for the latter
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,9 +58,22 @@ class Context:
     def harness_bin(self) -> Path:
         from cpumap.measure import harness, slot
 
-        # a measurement from the CLI waits for a pipeline's on the same results
+        # a measurement from the CLI waits for a pipeline's on the same results: the
+        # harness's rounds take the slot each (cpumap.measure.batch)
         slot.use(slot.lock_path(self.root))
         return harness.build_harness(self.root / "bin")
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """Hold this host's measuring slot for the block: for code timed outside the
+        harness's rounds (a function's calls, the bandwidth sweep, kernel points, the
+        all-core compute ceilings), which would otherwise overlap a pipeline measuring into
+        the same results."""
+        from cpumap.measure import slot
+
+        slot.use(slot.lock_path(self.root))
+        with slot.held():
+            yield
 
     def catalogue(self, rebuild: bool = False, smoke: bool = True) -> catalogue.Catalogue:
         from cpumap.isa import catalogue

@@ -57,31 +57,37 @@ def run(args: argparse.Namespace, ctx) -> int:
                "sweep": {"per_level": 2, "rounds": 1, "quiet_reps": 1, "max_reps": 6}}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     part = ctx.root / "db" / f"part-cli-roofline-{stamp}.parquet"
-    compute = build.run_compute(ctx.catalogue().df, machine, BenchSettings(), cfg,
-                                out / "work", ctx.harness_bin(), part, progress=say)
-    build.write_json(compute, out / "compute.json")
-    rows = None
-    if not args.no_sweep:
-        rows = build.run_sweep(build_sweep(ctx.root / "bin"), machine, cfg, progress=say)
-        files.write_parquet_atomic(rows, out / "sweep.parquet")
-    build.write_json(build.make_ceilings(compute, rows, machine, cfg), out / "ceilings.json")
-    ceil = json.loads((out / "ceilings.json").read_text())
-    pts = None
+    # the kernels to place are checked and built before anything is timed
+    benches = {}
+    size_map: dict = {}
     if args.points:
         kernels = [k for k in args.points.split(",") if k]
         flagsets = [f for f in args.flagsets.split(",") if f]
         sizes = [int(x) for x in args.sizes.split(",") if x]
-        benches = {}
+        if not sizes:
+            raise UsageError("--points needs --sizes")
+        size_map = {k: sizes for k in kernels}
         for k in kernels:
             for f in flagsets:
                 benches[f"{k}.{f}"] = suite.build_benchmark(k, f, out / "bin" / f"{k}.{f}")
-        size_map = {k: sizes for k in kernels} if sizes else {}
-        if not size_map:
-            raise UsageError("--points needs --sizes")
-        df = points.measure_points(benches, size_map, args.states.split(","), machine,
-                                   reps=args.reps, progress=say, processes=args.processes)
-        files.write_parquet_atomic(df, out / "points.parquet")
-        pts = points.from_frame(df)
+    forms, harness_bin = ctx.catalogue().df, ctx.harness_bin()
+    sweep_bin = None if args.no_sweep else build_sweep(ctx.root / "bin")
+    with ctx.timing():
+        compute = build.run_compute(forms, machine, BenchSettings(), cfg, out / "work",
+                                    harness_bin, part, progress=say)
+        build.write_json(compute, out / "compute.json")
+        rows = None
+        if sweep_bin is not None:
+            rows = build.run_sweep(sweep_bin, machine, cfg, progress=say)
+            files.write_parquet_atomic(rows, out / "sweep.parquet")
+        build.write_json(build.make_ceilings(compute, rows, machine, cfg), out / "ceilings.json")
+        ceil = json.loads((out / "ceilings.json").read_text())
+        pts = None
+        if benches:
+            df = points.measure_points(benches, size_map, args.states.split(","), machine,
+                                       reps=args.reps, progress=say, processes=args.processes)
+            files.write_parquet_atomic(df, out / "points.parquet")
+            pts = points.from_frame(df)
     plots.all_plots(ceil, pts, out / "plots")
     checks = build.checks(ceil, pts)
     files.write_text_atomic(report.section_html(ceil, pts, out / "plots", checks),
