@@ -276,7 +276,8 @@ class Measurer:
                "harness_version": self.version}
         rows = [part for _, part in db.iter_parts(self.db_dir, batches=f"{stage}-", **key)]
         have = pd.concat(rows, ignore_index=True) if rows else db.empty_frame()
-        todo = [k for k in canon if k not in set(have.kernel.astype(str))]
+        done = set(have.kernel.astype(str))
+        todo = [k for k in canon if k not in done]
         if todo and self.allow_measure:
             self.log(f"{stage}: measuring {len(todo)} kernels again")
             have = pd.concat([have, self._measure_new(todo, stage)], ignore_index=True)
