@@ -172,3 +172,68 @@ def test_the_cli_holds_the_slot_of_its_results_while_it_times_outside_the_harnes
         assert os.environ[slot.ENV] == str(lock)
         assert probe(lock) == "busy"
     assert probe(lock) == "free"
+
+
+WAITER = """
+import sys
+from cpumap.measure import slot
+print("started", flush=True)
+with slot.held():
+    print("got", flush=True)
+"""
+
+
+def _waiter(lock: Path, first: bool) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != slot.FIRST_ENV}
+    env[slot.ENV] = str(lock)
+    if first:
+        env[slot.FIRST_ENV] = "1"
+    proc = subprocess.Popen([sys.executable, "-c", WAITER], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "started"
+    return proc
+
+
+def _line_within(proc: subprocess.Popen, seconds: float) -> str:
+    import select
+
+    ready, _, _ = select.select([proc.stdout], [], [], seconds)
+    return proc.stdout.readline().strip() if ready else ""
+
+
+def test_a_first_jobs_batch_keeps_the_others_out_of_its_gaps(lock, monkeypatch):
+    """Between two rounds of a batch of the model's chain (the slot free, the gate held) a job
+    that does not measure first does not take the slot; it does once the batch ends. Another
+    first job is not kept out by the gate (the slot alone orders the chain's jobs)."""
+    monkeypatch.setenv(slot.FIRST_ENV, "1")
+    with slot.batch():
+        with slot.held():  # a round
+            pass
+        other = _waiter(lock, first=False)
+        chain = _waiter(lock, first=True)
+        try:
+            assert _line_within(chain, 60) == "got"
+            # the slot is free, yet the other job waits at the gate (its line never comes
+            # while the batch lasts: a slow host only makes the check weaker, never red)
+            assert _line_within(other, 1.0) == ""
+            assert other.poll() is None
+        except BaseException:
+            other.kill()
+            raise
+    assert _line_within(other, 60) == "got"
+    assert other.wait(60) == 0 and chain.wait(60) == 0
+
+
+def test_a_job_holding_the_slot_when_a_first_batch_begins_keeps_it_to_its_end(lock):
+    """No process waits for the gate while it holds the slot (no deadlock): a job measuring
+    for its whole life when a chain batch begins keeps the slot, and the batch waits for it."""
+    with slot.held():  # this process: not first, holding the slot
+        env = {**os.environ, slot.FIRST_ENV: "1"}
+        code = ("from cpumap.measure import slot\nprint('started', flush=True)\n"
+                "with slot.batch():\n    with slot.held():\n        print('got', flush=True)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline().strip() == "started"
+        assert _line_within(proc, 1.0) == ""
+    assert _line_within(proc, 60) == "got"
+    assert proc.wait(60) == 0

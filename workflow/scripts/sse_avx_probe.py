@@ -14,8 +14,9 @@ redirect_output(snakemake.log[0])
 
 from cpumap.measure import slot
 
-# the measuring lock of its results, taken around each of its batches' rounds
-slot.join_job(snakemake, whole=False)
+# the measuring lock of its results, taken around each timed round; a job of the model's
+# chain: no other job measures between the rounds of its batches
+slot.join_job(snakemake, whole=False, first=True)
 
 from model_common import measurer_of
 

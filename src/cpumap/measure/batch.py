@@ -246,47 +246,50 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     started: list[float] = []
     noisy = False
     judging = 0.0  # seconds spent judging the rounds, for the batch's closing line
-    while True:
-        if started:  # rounds apart in time: bursts of interference last seconds
-            time.sleep(max(0.0, started[-1] + gap - time.monotonic()))
-        # the slot is held for one round: between rounds (the gap, the judging) and between
-        # batches another job may measure (cpumap.measure.slot)
-        with slot.held():
-            started.append(time.monotonic())
-            results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
-                                             progress=tick, indices=todo,
-                                             map_pages=map_pages,
-                                             map_fill=blockgen.BLOCK_INIT,
-                                             **bench.harness_args()))
-        runs["before"] += len(todo)
-        # the monitors speak for the kernels measured near them in time: a round much
-        # longer than a neighbour's spell (a whole singleton batch, seconds) is not judged
-        judge = time.monotonic() - started[-1] <= quiet.JUDGED_ROUND_S
-        if len(results) < rounds:
-            continue
-        # past max_rounds, only a batch that has seen the host's noise (no quiet round, a
-        # kernel above its reference) or a patient one goes on, within its time budget
-        if len(results) >= max(rounds, bench.max_rounds) and not (
-                judge and (noisy or patient) and time.monotonic() - t_run < bench.settle_s):
-            break
-        t_judge = time.monotonic()
-        todo, loud, slow = _unsettled(results, metas, bench, mons, reference, judge=judge,
-                                      only=todo)
-        judging += time.monotonic() - t_judge
-        noisy = noisy or bool(loud or slow)
-        if loud:
-            todo, gap = everything, min(2 * gap, MAX_GAP_S)
-            say(f"{batch_id}: no quiet round yet ({loud}): round {len(results) + 1} for all "
-                f"{len(todo)} kernels, {gap:.1f} s after the last")
-        elif slow:
-            gap = min(2 * gap, MAX_GAP_S)
-            say(f"{batch_id}: slower than this machine's reference ({slow}): round "
-                f"{len(results) + 1} for {len(todo)} kernel(s), {gap:.1f} s after the last")
-        elif not todo:
-            break
-        else:
-            say(f"{batch_id}: round {len(results) + 1} for {len(todo)} unsettled kernel(s)")
-        runs["total"] = runs["before"] + len(todo)
+    # a job of the model's chain keeps the others out of the gaps between its rounds (the
+    # gate, cpumap.measure.slot); the slot itself is held round by round
+    with slot.batch():
+        while True:
+            if started:  # rounds apart in time: bursts of interference last seconds
+                time.sleep(max(0.0, started[-1] + gap - time.monotonic()))
+            # the slot is held for one round: between rounds (the gap, the judging) and
+            # between batches another job may measure, unless this batch measures first
+            with slot.held():
+                started.append(time.monotonic())
+                results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
+                                                 progress=tick, indices=todo,
+                                                 map_pages=map_pages,
+                                                 map_fill=blockgen.BLOCK_INIT,
+                                                 **bench.harness_args()))
+            runs["before"] += len(todo)
+            # the monitors speak for the kernels measured near them in time: a round much
+            # longer than a neighbour's spell (a whole singleton batch, seconds) is not judged
+            judge = time.monotonic() - started[-1] <= quiet.JUDGED_ROUND_S
+            if len(results) < rounds:
+                continue
+            # past max_rounds, only a batch that has seen the host's noise (no quiet round, a
+            # kernel above its reference) or a patient one goes on, within its time budget
+            if len(results) >= max(rounds, bench.max_rounds) and not (
+                    judge and (noisy or patient) and time.monotonic() - t_run < bench.settle_s):
+                break
+            t_judge = time.monotonic()
+            todo, loud, slow = _unsettled(results, metas, bench, mons, reference, judge=judge,
+                                          only=todo)
+            judging += time.monotonic() - t_judge
+            noisy = noisy or bool(loud or slow)
+            if loud:
+                todo, gap = everything, min(2 * gap, MAX_GAP_S)
+                say(f"{batch_id}: no quiet round yet ({loud}): round {len(results) + 1} for all "
+                    f"{len(todo)} kernels, {gap:.1f} s after the last")
+            elif slow:
+                gap = min(2 * gap, MAX_GAP_S)
+                say(f"{batch_id}: slower than this machine's reference ({slow}): round "
+                    f"{len(results) + 1} for {len(todo)} kernel(s), {gap:.1f} s after the last")
+            elif not todo:
+                break
+            else:
+                say(f"{batch_id}: round {len(results) + 1} for {len(todo)} unsettled kernel(s)")
+            runs["total"] = runs["before"] + len(todo)
     say(f"{batch_id}: {len(results)} rounds, {runs['before']} kernel runs in "
         f"{time.monotonic() - t_run:.1f} s, of which judging the rounds {judging:.1f} s")
     return results

@@ -28,8 +28,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ENV = "CPUMAP_MEASURE_LOCK"
+FIRST_ENV = "CPUMAP_MEASURE_FIRST"
 
-_state: dict = {"fd": None, "depth": 0, "waited": 0.0, "pid": None}
+_state: dict = {"fd": None, "depth": 0, "waited": 0.0, "pid": None,
+                "gate_fd": None, "gate_depth": 0, "gate_pid": None}
 # the threads of one process share its record lock (the roofline's compute ceilings measure
 # on every CPU from one thread each): the count of its users is kept under this mutex
 _mutex = threading.Lock()
@@ -40,9 +42,41 @@ def path() -> Path | None:
     return Path(value) if value else None
 
 
-def use(lock: str | Path) -> None:
-    """Name this process's lock file (and its children's) unless one is named already."""
+def use(lock: str | Path, first: bool = False) -> None:
+    """Name this process's lock file (and its children's) unless one is named already;
+    ``first``: this process measures before the others (the model's chain, :func:`batch`)."""
     os.environ.setdefault(ENV, str(lock))
+    if first:
+        os.environ[FIRST_ENV] = "1"
+
+
+def _first() -> bool:
+    return os.environ.get(FIRST_ENV) == "1"
+
+
+def gate_path(lock: Path) -> Path:
+    return lock.with_name(lock.name + ".first")
+
+
+def _gate_busy(gate: Path) -> bool:
+    """Whether a first job's batch holds the gate. (This process holds no lock on the gate
+    file: closing a descriptor of it would drop those.)"""
+    fd = os.open(gate, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _wait_gate(gate: Path) -> None:
+    fd = os.open(gate, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)  # granted once no first job's batch holds it
+    finally:
+        os.close(fd)
 
 
 def waited_s() -> float:
@@ -56,6 +90,13 @@ def _acquire(lock: Path) -> None:
     t0 = time.monotonic()
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX)
+        # a job that does not measure first gives the slot back to a first job's batch,
+        # also one that began while this process waited
+        gate = gate_path(lock)
+        while not _first() and _gate_busy(gate):
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+            _wait_gate(gate)
+            fcntl.lockf(fd, fcntl.LOCK_EX)
     except BaseException:
         os.close(fd)
         raise
@@ -100,23 +141,57 @@ def held() -> Iterator[None]:
         _leave()
 
 
+@contextmanager
+def batch() -> Iterator[None]:
+    """A batch of rounds of a job that measures first: the gate is held (shared: the chain's
+    jobs do not exclude each other here, the slot does) from its first round to its last, so
+    that no other job measures in the gaps between them. Does nothing in other processes."""
+    lock = path()
+    if lock is None or not _first():
+        yield
+        return
+    with _mutex:
+        if _state["gate_pid"] != os.getpid():
+            _state.update(gate_fd=None, gate_depth=0, gate_pid=os.getpid())
+        if _state["gate_depth"] == 0:
+            gate = gate_path(lock)
+            gate.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(gate, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_SH)
+            except BaseException:
+                os.close(fd)
+                raise
+            _state["gate_fd"] = fd
+        _state["gate_depth"] += 1
+    try:
+        yield
+    finally:
+        with _mutex:
+            _state["gate_depth"] -= 1
+            if _state["gate_depth"] == 0:
+                fd, _state["gate_fd"] = _state["gate_fd"], None
+                os.close(fd)
+
+
 def lock_path(machine_dir: Path) -> Path:
     """The lock of one host's measurements under a machine's results. Per host: identical
     cluster nodes share a machine id, and so a directory, but not a core."""
     return (Path(machine_dir) / f".measure-{socket.gethostname()}.lock").resolve()
 
 
-def join_job(snakemake, whole: bool) -> None:  # noqa: ANN001 - Snakemake's script object
+def join_job(snakemake, whole: bool, first: bool = False) -> None:  # noqa: ANN001
     """Name the lock of the job's results directory and host (:func:`lock_path`), unless the
     config's ``measuring_lock`` is false. ``whole``: the job times code outside the harness's
     rounds (a driver binary, the bandwidth sweep, all cores at once) and takes the slot for its
     whole life (the kernel gives it back at exit). Otherwise every timed run of the job is a
-    round of :mod:`cpumap.measure.batch`, which takes the slot around each (:func:`held`):
-    a Palmed stage waits at most a round of a batch beside it, not the whole batch."""
+    round of :mod:`cpumap.measure.batch`, which takes the slot around each (:func:`held`).
+    ``first``: a job of the model's chain, whose batches others do not interrupt (:func:`batch`).
+    (``snakemake``: the script's Snakemake object.)"""
     if not snakemake.config.get("measuring_lock", True):
         return
     lock = lock_path(Path(snakemake.config["results_dir"]) / snakemake.wildcards.mid)
-    use(lock)
+    use(lock, first=first)
     if whole:
         _enter(lock)
         if _state["waited"] >= 1.0:
