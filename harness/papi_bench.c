@@ -577,8 +577,13 @@ int main(int argc, char **argv)
         usage();
     }
     uint64_t end = count >= 0 ? (uint64_t)(start + count) : nk;
-    /* the kernels to measure, in order: --kernels I,J,... or start..end-1 */
-    uint64_t *order = calloc(nk ? nk : 1, sizeof *order);
+    /* the kernels to measure, in order: --kernels I,J,... or start..end-1; a listed kernel may
+     * come more than once (the monitors close a long round too) */
+    uint64_t cap = nk ? nk : 1;
+    if (list_opt != NULL)
+        for (const char *p = list_opt; *p; p++)
+            cap += *p == ',';
+    uint64_t *order = calloc(cap, sizeof *order);
     uint64_t norder = 0;
     if (order == NULL) {
         fputs("papi_bench: out of memory\n", stderr);
@@ -589,7 +594,7 @@ int main(int argc, char **argv)
             char *e;
             errno = 0;
             unsigned long long v = strtoull(p, &e, 10);
-            if (errno != 0 || e == p || v >= nk || norder >= nk || (*e != ',' && *e != '\0')) {
+            if (errno != 0 || e == p || v >= nk || norder >= cap || (*e != ',' && *e != '\0')) {
                 fprintf(stderr, "papi_bench: bad --kernels '%s' (indices below %llu)\n", list_opt,
                         (unsigned long long)nk);
                 usage();

@@ -263,3 +263,45 @@ def test_judging_some_kernels_builds_their_rows_at_the_whole_batch_clock():
     got, want = estimate.batch_ratios(cal), estimate.batch_ratios(ok)
     assert got == pytest.approx(want, rel=1e-12)
     assert want != pytest.approx(estimate.batch_ratios(some[some.status == "ok"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("ends", ["both", "start"])
+def test_a_long_round_is_judged_on_the_monitors_at_both_of_its_ends(monkeypatch, ends):
+    """A round longer than the monitors speak for measures them again at its end. A spell
+    over whole rounds (the monitors 4 % slow at both ends of the first three) measures the
+    whole batch again until a round is quiet; one that ended within each round (slow at the
+    start, quiet at the end) is no reason to."""
+    calls: list[list[int]] = []
+    cpi = {0: 0.25, 1: 0.3333, 2: 1.0}
+
+    def run_batch(so, n, *, indices, progress=None, **kw):
+        rnd = len(calls)
+        calls.append(list(indices))
+        rows = []
+        for pos, i in enumerate(indices):
+            at_end = pos >= len(indices) - 2
+            slow = 1.04 if rnd < 3 and i in (1, 2) and (ends == "both" or not at_end) else 1.0
+            c, inst = cpi[i] * slow, 20_000
+            for rep in range(16):
+                rows.append({"index": i, "rep": rep, "iters": 1000,
+                             "ticks1": round((300 + c * inst) / RATIO),
+                             "ticks2": round((300 + 2 * c * inst) / RATIO),
+                             "cycles1": 0, "cycles2": 0, "calib_ratio": RATIO})
+        return harness.BatchResult("tsc-calibrated", "derived", RATIO, RATIO, rows)
+
+    monkeypatch.setattr(harness, "run_batch", run_batch)
+    monkeypatch.setattr(quiet, "JUDGED_ROUND_S", -1.0)
+    monkeypatch.setattr(quiet, "TRAILING_MIN_KERNELS", 1)
+    metas = [asmgen.KernelMeta(i, k, asmgen.kernel_id(k), 1, 20, 1000, 1, 2, 20_000)
+             for i, k in enumerate([ADD, MOV, "IMUL_R64_R64"])]
+    said, rows, got = run_rounds(metas, {ADD: 0.25, MOV: 0.3333})
+    assert all(c[-2:] == [0, 1] for c in calls)  # the monitors close every round
+    if ends == "both":
+        assert len(calls) == 5
+        assert any("no quiet round yet (MOV_R64_M64 +4.0 %)" in s for s in said)
+    else:
+        assert len(calls) == 3
+    # the kernel measured at the start of every round: 4 % slow in each when the spell
+    # ended inside the rounds (what rounds cannot tell apart), right once a round was quiet
+    assert got.cycles_per_instance_est == pytest.approx(1.0 if ends == "both" else 1.04,
+                                                        rel=0.002)

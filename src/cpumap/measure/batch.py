@@ -215,7 +215,8 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     monitors against ``reference``, cpumap.measure.quiet) the whole batch is measured again,
     the gap doubled each time (up to :data:`MAX_GAP_S`): a neighbour on the load pipes holds
     for whole seconds. Only rounds short enough for the monitors to speak for the whole round
-    are judged (quiet.JUDGED_ROUND_S); while a batch of judged rounds has no quiet round or a
+    are judged (quiet.JUDGED_ROUND_S), and longer ones that measured the monitors at both ends
+    (quiet.TRAILING_MIN_KERNELS); while a batch of judged rounds has no quiet round or a
     kernel above its reference, it has a time budget instead of a round count
     (``bench.settle_s``, at least ``bench.max_rounds`` rounds): a spell outlasts
     eight rounds now and then (one `cpumap measure MOV_R64_M64` in fifteen with a busy loop on
@@ -231,7 +232,7 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
     everything = list(todo)
     gap = bench.round_gap_ms / 1000
     # progress: kernel runs finished in earlier rounds, and planned in all
-    runs = {"before": 0, "total": len(todo) * rounds, "last": t_run}
+    runs = {"before": 0, "total": len(_order(todo, mons)) * rounds, "last": t_run}
 
     def tick(done: int) -> None:
         now_t = time.monotonic()
@@ -254,17 +255,20 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
                 time.sleep(max(0.0, started[-1] + gap - time.monotonic()))
             # the slot is held for one round: between rounds (the gap, the judging) and
             # between batches another job may measure, unless this batch measures first
+            order = _order(todo, mons)
+            trailing = len(order) > len(todo)
             with slot.held():
                 started.append(time.monotonic())
                 results.append(harness.run_batch(so, n_kernels, harness_bin=harness_bin,
-                                                 progress=tick, indices=todo,
+                                                 progress=tick, indices=order,
                                                  map_pages=map_pages,
                                                  map_fill=blockgen.BLOCK_INIT,
                                                  **bench.harness_args()))
-            runs["before"] += len(todo)
+            runs["before"] += len(order)
             # the monitors speak for the kernels measured near them in time: a round much
-            # longer than a neighbour's spell (a whole singleton batch, seconds) is not judged
-            judge = time.monotonic() - started[-1] <= quiet.JUDGED_ROUND_S
+            # longer than a neighbour's spell (a whole singleton batch, seconds) is judged
+            # only where the monitors ran at both of its ends
+            judge = trailing or time.monotonic() - started[-1] <= quiet.JUDGED_ROUND_S
             if len(results) < rounds:
                 continue
             # past max_rounds, only a batch that has seen the host's noise (no quiet round, a
@@ -289,10 +293,17 @@ def _rounds(so: Path, n_kernels: int, todo: list[int], metas: list[asmgen.Kernel
                 break
             else:
                 say(f"{batch_id}: round {len(results) + 1} for {len(todo)} unsettled kernel(s)")
-            runs["total"] = runs["before"] + len(todo)
+            runs["total"] = runs["before"] + len(_order(todo, mons))
     say(f"{batch_id}: {len(results)} rounds, {runs['before']} kernel runs in "
         f"{time.monotonic() - t_run:.1f} s, of which judging the rounds {judging:.1f} s")
     return results
+
+
+def _order(todo: Sequence[int], mons: Sequence[int]) -> list[int]:
+    """What a round measures, in order: ``todo``, and the monitors again at the end of a long
+    round (quiet.TRAILING_MIN_KERNELS), so that it can be judged on both ends."""
+    kernels = sum(1 for i in todo if i not in mons)
+    return [*todo, *mons] if mons and kernels >= quiet.TRAILING_MIN_KERNELS else list(todo)
 
 
 #: The longest wait between two rounds while none was quiet.

@@ -55,6 +55,17 @@ QUIET_TOL = 0.01
 #: its first milliseconds were slow would cost 40 % more time for no evidence about the rest
 #: (measured 2026-11-25: `benchmarks/full_profile.py` 76 kernels/s with every round judged).
 JUDGED_ROUND_S = 1.0
+#: A round of at least this many kernels (besides the monitors) measures the monitors again at
+#: its end, and a round longer than JUDGED_ROUND_S is then judged on both ends: loud only where
+#: the monitors were slow at its start and at its end (their estimate for the round takes the
+#: faster end). Why: a neighbour's spell of seconds covers whole rounds. Seen on the Emerald
+#: Rapids-class guest (2026-12-01): the 200 held-out kernels measured again in a batch of
+#: their own (rounds of about 1.3 s) had the integer-add monitor at 0.33 cycles (0.20 quiet)
+#: in all three first rounds, no round judged, and 25-44 of the kernels came out 20-97 %
+#: slow with rounds that agreed (`INC_R64*4 SUB_R64_R64` 1.63 cycles, 0.83 alone): the
+#: validation's run-to-run floor read 8.4-11.6 % RMS where the same batch measured quiet
+#: agreed within 0.5 %.
+TRAILING_MIN_KERNELS = 32
 #: A kernel (`cpumap measure`) is measured again while its estimate is more than this above
 #: its reference. Tighter than :data:`QUIET_TOL`: it judges an estimate over all rounds, not
 #: one round, and five invocations must agree within 1 % (the 64-bit load, 2026-11-25, with a
