@@ -23,18 +23,60 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 ENV = "CPUMAP_MEASURE_LOCK"
 FIRST_ENV = "CPUMAP_MEASURE_FIRST"
 
-_state: dict = {"fd": None, "depth": 0, "waited": 0.0, "pid": None,
-                "gate_fd": None, "gate_depth": 0, "gate_pid": None}
-# the threads of one process share its record lock (the roofline's compute ceilings measure
-# on every CPU from one thread each): the count of its users is kept under this mutex
+
+class _Holding:
+    """This process's hold on one lock file: its descriptor and how many users nest in it.
+    A forked child starts without it (its parent's record lock is not its own)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.depth = 0
+        self.pid: int | None = None
+
+    def enter(self, take: Callable[[], int]) -> None:
+        """Count one more user; the first takes the lock (``take`` returns its descriptor)."""
+        if self.pid != os.getpid():
+            self.fd, self.depth, self.pid = None, 0, os.getpid()
+        if self.depth == 0:
+            self.fd = take()
+        self.depth += 1
+
+    def leave(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            fd, self.fd = self.fd, None
+            if fd is not None:
+                os.close(fd)  # closing releases the process's record lock
+
+
+_slot, _gate = _Holding(), _Holding()
+_waited = [0.0]  # seconds this process waited for the slot
+# the threads of one process share its record locks (the roofline's compute ceilings measure
+# on every CPU from one thread each): the count of their users is kept under this mutex
 _mutex = threading.Lock()
+
+
+def _open(lock: Path) -> int:
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def _locked(lock: Path, how: int) -> int:
+    """A new descriptor of ``lock`` holding a record lock of kind ``how``."""
+    fd = _open(lock)
+    try:
+        fcntl.lockf(fd, how)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def path() -> Path | None:
@@ -61,70 +103,46 @@ def gate_path(lock: Path) -> Path:
 def _gate_busy(gate: Path) -> bool:
     """Whether a first job's batch holds the gate. (This process holds no lock on the gate
     file: closing a descriptor of it would drop those.)"""
-    fd = os.open(gate, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(_locked(gate, fcntl.LOCK_EX | fcntl.LOCK_NB))
     except OSError:
         return True
-    finally:
-        os.close(fd)
     return False
-
-
-def _wait_gate(gate: Path) -> None:
-    fd = os.open(gate, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)  # granted once no first job's batch holds it
-    finally:
-        os.close(fd)
 
 
 def waited_s() -> float:
     """Seconds this process has waited for the slot so far (for its log)."""
-    return float(_state["waited"])
+    return _waited[0]
 
 
-def _acquire(lock: Path) -> None:
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def _acquire(lock: Path) -> int:
     t0 = time.monotonic()
+    fd = _locked(lock, fcntl.LOCK_EX)
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
         # a job that does not measure first gives the slot back to a first job's batch,
-        # also one that began while this process waited
+        # also one that began while this process waited (the gate's exclusive lock is
+        # granted once no batch holds it, and given back at once)
         gate = gate_path(lock)
         while not _first() and _gate_busy(gate):
             fcntl.lockf(fd, fcntl.LOCK_UN)
-            _wait_gate(gate)
+            os.close(_locked(gate, fcntl.LOCK_EX))
             fcntl.lockf(fd, fcntl.LOCK_EX)
     except BaseException:
         os.close(fd)
         raise
-    _state.update(fd=fd, waited=_state["waited"] + time.monotonic() - t0)
-
-
-def _release() -> None:
-    fd, _state["fd"] = _state["fd"], None
-    if fd is not None:
-        os.close(fd)  # closing releases the process's record lock
+    _waited[0] += time.monotonic() - t0
+    return fd
 
 
 def _enter(lock: Path) -> None:
-    """Take the slot unless this process holds it already; count the nesting. A forked child
-    starts without it (its parent's record lock is not its own) and takes it anew."""
+    """Take the slot unless this process holds it already; count the nesting."""
     with _mutex:
-        if _state["pid"] != os.getpid():
-            _state.update(fd=None, depth=0, pid=os.getpid())
-        if _state["depth"] == 0:
-            _acquire(lock)
-        _state["depth"] += 1
+        _slot.enter(lambda: _acquire(lock))
 
 
 def _leave() -> None:
     with _mutex:
-        _state["depth"] -= 1
-        if _state["depth"] == 0:
-            _release()
+        _slot.leave()
 
 
 @contextmanager
@@ -151,27 +169,12 @@ def batch() -> Iterator[None]:
         yield
         return
     with _mutex:
-        if _state["gate_pid"] != os.getpid():
-            _state.update(gate_fd=None, gate_depth=0, gate_pid=os.getpid())
-        if _state["gate_depth"] == 0:
-            gate = gate_path(lock)
-            gate.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(gate, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_SH)
-            except BaseException:
-                os.close(fd)
-                raise
-            _state["gate_fd"] = fd
-        _state["gate_depth"] += 1
+        _gate.enter(lambda: _locked(gate_path(lock), fcntl.LOCK_SH))
     try:
         yield
     finally:
         with _mutex:
-            _state["gate_depth"] -= 1
-            if _state["gate_depth"] == 0:
-                fd, _state["gate_fd"] = _state["gate_fd"], None
-                os.close(fd)
+            _gate.leave()
 
 
 def lock_path(machine_dir: Path) -> Path:
@@ -194,5 +197,5 @@ def join_job(snakemake, whole: bool, first: bool = False) -> None:  # noqa: ANN0
     use(lock, first=first)
     if whole:
         _enter(lock)
-        if _state["waited"] >= 1.0:
-            print(f"measuring slot taken after {_state['waited']:.1f} s", flush=True)
+        if _waited[0] >= 1.0:
+            print(f"measuring slot taken after {_waited[0]:.1f} s", flush=True)
