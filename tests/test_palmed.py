@@ -861,6 +861,24 @@ def test_forms_whose_mixes_take_the_sum_of_their_own_units_share_one() -> None:
     assert palmed.refit._one_unit(rho, own3, meas3, 0.05) == {"SQRT": "DIV", "RCP": "DIV"}
 
 
+def test_resources_of_their_own_that_add_up_in_the_mode_are_one_unit_there() -> None:
+    """``modes._one_unit_in_mode``: a narrow shuffle (two ports outside the mode, a unit of
+    its own in it) and a 512-bit trigger on port 5 alone: their kernels in the mode take the
+    sum, so the mode's uses name one unit; kernels without a trigger form (outside the mode)
+    do not vote, so BCAST, which adds up with the shuffle only there, keeps its own."""
+    from cpumap.model.palmed.modes import _one_unit_in_mode
+
+    uses = {"SHUF": {0: 0.5}, "PERM": {0: 0.5}, "BCAST": {0: 0.5}, "ADD": {1: 0.25}}
+    own = {"SHUF": 1.0, "PERM": 1.0, "BCAST": 1.0}
+    names = {f: "own:" + f for f in own}
+    meas = {"PERM SHUF": 2.0, "PERM*2 SHUF": 3.01, "ADD*4 PERM": 1.0,
+            "BCAST SHUF": 2.0, "BCAST*2 SHUF": 3.0}
+    assert _one_unit_in_mode(uses, own, names, ["PERM"], meas, 0.05) == {"own:SHUF": "own:PERM"}
+    # the same kernels measured as the plain stages see them: two units
+    assert _one_unit_in_mode(uses, own, names, ["PERM"], {"PERM SHUF": 1.0, "PERM*2 SHUF": 2.0},
+                             0.05) == {}
+
+
 def test_wide_uses_are_raised_to_the_forms_own_time() -> None:
     """``wide._up_to``: uses that predict the form alone under its singleton get the largest
     raised to it, the others kept; uses that explain it are left alone; a form left with no

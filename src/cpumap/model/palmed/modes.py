@@ -14,6 +14,7 @@ from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import Log, PalmedConfig, _nolog
 from cpumap.model.palmed.dirty import above
 from cpumap.model.palmed.lp import _LPStats
+from cpumap.model.palmed.refit import _one_unit
 from cpumap.model.palmed.states import fit_states
 from cpumap.model.resmodel import OWN, ResourceModel, private
 from cpumap.model.resmodel import predict as resmodel_predict
@@ -98,13 +99,41 @@ def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequenc
         b.lp[stage] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}
     rep_of = {m: rep for rep, members in classes.items() for m in members}
     unit = {f: r for f, u in model.rho.items() for r in u if r.startswith(OWN)}  # plain
-    states = [{"trigger": trigger,
-               "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
-                       | ({unit.get(f, OWN + rep_of.get(f, f)): own[f]} if f in own else {})
-                       for f, u in sorted(uses.items())}} for trigger, uses, own in fitted]
+    states = []
+    for trigger, uses, own in fitted:
+        names = {f: unit.get(f, OWN + rep_of.get(f, f)) for f in own}
+        one = _one_unit_in_mode(uses, own, names, trigger, b.meas, b.config.tol)
+        if one:
+            log(f"wide: {len(one)} resources of their own are one unit in the mode of "
+                f"{len(trigger)} trigger forms ({', '.join(sorted(set(one.values())))})")
+        states.append({"trigger": trigger,
+                       "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
+                               | ({one.get(names[f], names[f]): own[f]} if f in own else {})
+                               for f, u in sorted(uses.items())}})
     model.wide = states[0] | ({"next": states[1:]} if states[1:] else {})
     model.resources = shared + sorted({*(r for r in model.resources if private(r)),
-                                       *(unit.get(f, OWN + rep_of.get(f, f))
-                                         for _, _, own in fitted for f in own)})
+                                       *(r for st in states for u in st["rho"].values()
+                                         for r in u if private(r))})
     model.provenance["kernels"] = dict(b.counts)
     b.wall["wide"] = b.wall.get("wide", 0.0) + time.perf_counter() - t0
+
+
+def _one_unit_in_mode(uses: dict[str, dict[int, float]], own: dict[str, float],
+                      names: dict[str, str], trigger: Sequence[str],
+                      meas: dict[str, float], tol: float) -> dict[str, str]:
+    """own unit -> the unit it is one with in this state of the mode (``refit._one_unit``
+    over the measured kernels that hold one of the state's ``trigger`` forms).
+
+    Why: outside the mode, a narrow shuffle with two ports and a 512-bit one with one
+    each had a resource of their own when no basic instruction was a shuffle (a run on
+    the Emerald Rapids-class guest, 2026-12-02: ``VPSHUFB ymm`` in the class of ``VADDPD
+    xmm``, ``VBROADCASTSS ymm``, ``VPERMQ zmm``); in the mode all of them run on port 5
+    alone, but as three units the model predicted ``VBROADCASTSS_YMM_XMM*4 VMOVSD_M64_XMM*3
+    VPERMQ_ZMM_ZMM_I8*4 VPSHUFB_YMM_YMM_YMM*3`` at 5.5 cycles, measured 11.0. The wide stage
+    measures only against the shared resources' saturating kernels; the kernels in the mode
+    that hold two such forms (training kernels, probes, mixes) tell whether their units add
+    up."""
+    trig = set(trigger)
+    held = {t: m for t, m in meas.items()
+            if any(x.partition("*")[0] in trig for x in t.split())}
+    return _one_unit(uses, {f: (names[f], v) for f, v in own.items()}, held, tol)
