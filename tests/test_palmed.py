@@ -879,6 +879,28 @@ def test_resources_of_their_own_that_add_up_in_the_mode_are_one_unit_there() -> 
                              0.05) == {}
 
 
+def test_the_units_of_512_bit_forms_own_become_resources_of_the_mode() -> None:
+    """``modes._trigger_units``: the resources of their own that are 512-bit forms'
+    bottleneck, the unit most such forms hold first, each met by a kernel of its first form
+    sized to the shared saturating kernels' median time; a narrow form's unit, and a 512-bit
+    form whose bottleneck is shared, add none."""
+    from cpumap.model.palmed.modes import MAX_MODE_UNITS, _trigger_units
+
+    rho = {"PERM_ZMM": {"R00": 0.5, "own:PERM_ZMM": 1.0}, "INS_ZMM": {"own:PERM_ZMM": 1.0},
+           "BC_ZMM": {"R00": 0.5, "own:BC_ZMM": 3.0}, "SHUF_XMM": {"own:SHUF_XMM": 0.5},
+           "ADD_ZMM": {"R00": 0.5}}
+    model = resmodel.ResourceModel(resources=["R00", "own:BC_ZMM", "own:PERM_ZMM",
+                                              "own:SHUF_XMM"], rho=rho)
+    widths = {"PERM_ZMM": 512, "INS_ZMM": 512, "BC_ZMM": 512, "ADD_ZMM": 512, "SHUF_XMM": 128}
+    singletons = {"PERM_ZMM": 1.0, "INS_ZMM": 1.0, "BC_ZMM": 3.0, "SHUF_XMM": 0.5,
+                  "ADD_ZMM": 0.5}
+    saturating = [({"ADD_ZMM": 12}, 6.0), ({"X": 4}, 4.0), ({"Y": 10}, 10.0)]
+    assert _trigger_units(model, widths, singletons, saturating) == [
+        ("W00", "own:PERM_ZMM", {"INS_ZMM": 6}, 6.0), ("W01", "own:BC_ZMM", {"BC_ZMM": 2}, 6.0)]
+    assert _trigger_units(model, widths, singletons, []) == []
+    assert MAX_MODE_UNITS >= 2
+
+
 def test_wide_uses_are_raised_to_the_forms_own_time() -> None:
     """``wide._up_to``: uses that predict the form alone under its singleton get the largest
     raised to it, the others kept; uses that explain it are left alone; a form left with no

@@ -13,6 +13,7 @@ from cpumap.isa import transition
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import Log, PalmedConfig, _nolog
 from cpumap.model.palmed.dirty import above
+from cpumap.model.palmed.kernels import _text
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.refit import _one_unit
 from cpumap.model.palmed.states import fit_states
@@ -91,29 +92,45 @@ def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequenc
         def run(need: list[str], stage: str = stage) -> None:
             b.run(stage, need, measure, log)
 
-        fitted += fit_states(record, b.forms, widths, b.singletons, b.meas, rho, saturating,
-                             t_plain, classes, b.config, run, log, st,
-                             above(b.wide_mode, b.widths) if dirty else frozenset(),
-                             only_narrow=dirty, first=set(training))
+        # the 512-bit mode also meets the units of the 512-bit forms' own
+        units = [] if dirty else _trigger_units(model, widths, b.singletons, saturating)
+        if units:
+            log(f"wide: {len(units)} units of 512-bit forms' own met in the mode: "
+                + ", ".join(f"{name} ({u})" for name, u, _sk, _t in units))
+        for name, _u, sk, _t in units:
+            model.provenance["resources"][name] = {"defining": _text(sk),
+                                                   "saturating": _text(sk), "stage": "wide"}
+        rho_s = {f: dict(u) for f, u in rho.items()}
+        for j, (_name, _u, sk, t_sk) in enumerate(units):
+            (h, n), = sk.items()
+            rho_s.setdefault(h, {})[len(shared) + j] = t_sk / n
+        names_s = shared + [name for name, *_ in units]
+        fitted += [(trig, uses, own, names_s) for trig, uses, own in fit_states(
+            record, b.forms, widths, b.singletons, b.meas, rho_s,
+            saturating + [(sk, t_sk) for *_, sk, t_sk in units],
+            [*t_plain, *(math.nan for _ in units)], classes, b.config, run, log, st,
+            above(b.wide_mode, b.widths) if dirty else frozenset(),
+            only_narrow=dirty, first=set(training))]
         model.provenance[key]["kernels"] = b.counts.get(stage, 0)
         b.lp[stage] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}
     rep_of = {m: rep for rep, members in classes.items() for m in members}
     unit = {f: r for f, u in model.rho.items() for r in u if r.startswith(OWN)}  # plain
     states = []
-    for trigger, uses, own in fitted:
+    for trigger, uses, own, res_names in fitted:
         names = {f: unit.get(f, OWN + rep_of.get(f, f)) for f in own}
         one = _one_unit_in_mode(uses, own, names, trigger, b.meas, b.config.tol)
         if one:
             log(f"wide: {len(one)} resources of their own are one unit in the mode of "
                 f"{len(trigger)} trigger forms ({', '.join(sorted(set(one.values())))})")
         states.append({"trigger": trigger,
-                       "rho": {f: {shared[i]: v for i, v in sorted(u.items())}
+                       "rho": {f: {res_names[i]: v for i, v in sorted(u.items())}
                                | ({one.get(names[f], names[f]): own[f]} if f in own else {})
                                for f, u in sorted(uses.items())}})
     model.wide = states[0] | ({"next": states[1:]} if states[1:] else {})
-    model.resources = shared + sorted({*(r for r in model.resources if private(r)),
-                                       *(r for st in states for u in st["rho"].values()
-                                         for r in u if private(r))})
+    mode_units = sorted({r for *_, res_names in fitted for r in res_names[len(shared):]})
+    model.resources = shared + mode_units + sorted(
+        {*(r for r in model.resources if private(r)),
+         *(r for st in states for u in st["rho"].values() for r in u if private(r))})
     model.provenance["kernels"] = dict(b.counts)
     b.wall["wide"] = b.wall.get("wide", 0.0) + time.perf_counter() - t0
 
@@ -137,3 +154,44 @@ def _one_unit_in_mode(uses: dict[str, dict[int, float]], own: dict[str, float],
     held = {t: m for t, m in meas.items()
             if any(x.partition("*")[0] in trig for x in t.split())}
     return _one_unit(uses, {f: (names[f], v) for f, v in own.items()}, held, tol)
+
+
+#: Name prefix of the 512-bit mode's resources for the units of the 512-bit forms' own
+#: (``_trigger_units``): ``W00``, ``W01``...
+MODE_UNIT = "W"
+#: At most this many such units, those most trigger forms take for their bottleneck first.
+MAX_MODE_UNITS = 4
+
+
+def _trigger_units(model: ResourceModel, widths: dict[str, int], singletons: dict[str, float],
+                   saturating: Sequence[tuple[dict[str, int], float]],
+                   ) -> list[tuple[str, str, dict[str, int], float]]:
+    """(name, unit, saturating kernel, its time) for the resources of their own that are the
+    bottleneck of 512-bit forms outside the mode, most such forms first: the wide stage
+    meets them as it meets the shared resources, a kernel of the unit's first form by name
+    about the shared saturating kernels' median time.
+
+    Why: the plain model can hold the 512-bit mode's port 5 only as units of their own (on
+    the Emerald Rapids-class guest, a run whose basic instructions held no VEX shuffle:
+    ``VPERMQ zmm``, ``VINSERTF64X4 zmm``, ``VBROADCASTSS zmm`` a unit each), and a narrow
+    form whose shared uses explain it alone (``VMOVQ xmm, r64``, ``VUNPCKHPD xmm``) has no
+    unit of its own to join them in the mode (``_one_unit_in_mode``): its kernels beside
+    them were predicted 50-67 % fast."""
+    held: dict[str, list[str]] = {}
+    for f in sorted(model.rho):
+        u = model.rho[f]
+        if widths.get(f, 0) < transition.WIDE_BITS or not u or f not in singletons:
+            continue
+        top = max(sorted(u), key=u.__getitem__)
+        if top.startswith(OWN):
+            held.setdefault(top, []).append(f)
+    if not held or not saturating:
+        return []
+    times = sorted(t for _, t in saturating)
+    t_ref = times[len(times) // 2]
+    out = []
+    for unit_name in sorted(held, key=lambda r: (-len(held[r]), r))[:MAX_MODE_UNITS]:
+        h = held[unit_name][0]
+        n = max(1, round(t_ref / singletons[h]))
+        out.append((f"{MODE_UNIT}{len(out):02d}", unit_name, {h: n}, n * singletons[h]))
+    return out
