@@ -53,6 +53,12 @@ def _text(k: Mapping[str, int]) -> str:
     return canonical(k)
 
 
+def _holds_any(text: str, forms: Set[str]) -> bool:
+    """Whether the canonical kernel ``text`` names one of ``forms`` (read without parsing
+    its counts: the modes' stages ask it of every measured kernel)."""
+    return any(x.partition("*")[0] in forms for x in text.split())
+
+
 def _scale(k: Mapping[str, int], s: int) -> Kernel:
     return {f: n * s for f, n in k.items()}
 

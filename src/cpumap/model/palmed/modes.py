@@ -5,6 +5,7 @@ the plain model, in the order predictions consult them: the 512-bit mode's state
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -13,7 +14,7 @@ from cpumap.isa import transition
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import Log, PalmedConfig, _nolog
 from cpumap.model.palmed.dirty import above
-from cpumap.model.palmed.kernels import _text
+from cpumap.model.palmed.kernels import _holds_any, _text
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.refit import _one_unit
 from cpumap.model.palmed.states import fit_states
@@ -97,11 +98,11 @@ def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequenc
         if units:
             log(f"wide: {len(units)} units of 512-bit forms' own met in the mode: "
                 + ", ".join(f"{name} ({u})" for name, u, _sk, _t in units))
-        for name, _u, sk, _t in units:
+        # each unit's first form holds it for its time per copy, as outside the mode
+        rho_s = {f: dict(u) for f, u in rho.items()}
+        for j, (name, _u, sk, t_sk) in enumerate(units):
             model.provenance["resources"][name] = {"defining": _text(sk),
                                                    "saturating": _text(sk), "stage": "wide"}
-        rho_s = {f: dict(u) for f, u in rho.items()}
-        for j, (_name, _u, sk, t_sk) in enumerate(units):
             (h, n), = sk.items()
             rho_s.setdefault(h, {})[len(shared) + j] = t_sk / n
         names_s = shared + [name for name, *_ in units]
@@ -151,8 +152,7 @@ def _one_unit_in_mode(uses: dict[str, dict[int, float]], own: dict[str, float],
     that hold two such forms (training kernels, probes, mixes) tell whether their units add
     up."""
     trig = set(trigger)
-    held = {t: m for t, m in meas.items()
-            if any(x.partition("*")[0] in trig for x in t.split())}
+    held = {t: m for t, m in meas.items() if _holds_any(t, trig)}
     return _one_unit(uses, {f: (names[f], v) for f, v in own.items()}, held, tol)
 
 
@@ -187,8 +187,7 @@ def _trigger_units(model: ResourceModel, widths: dict[str, int], singletons: dic
             held.setdefault(top, []).append(f)
     if not held or not saturating:
         return []
-    times = sorted(t for _, t in saturating)
-    t_ref = times[len(times) // 2]
+    t_ref = statistics.median_high(t for _, t in saturating)
     out = []
     for unit_name in sorted(held, key=lambda r: (-len(held[r]), r))[:MAX_MODE_UNITS]:
         h = held[unit_name][0]

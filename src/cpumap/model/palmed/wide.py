@@ -65,7 +65,14 @@ from cpumap.model.palmed.classes import Classes, through
 from cpumap.model.palmed.config import NOISY_TOL, Kernel, Log, Measurements, PalmedConfig, _nolog
 from cpumap.model.palmed.core import Core, Step
 from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
-from cpumap.model.palmed.kernels import _add, _ok, _text, interacting_pairs, mix
+from cpumap.model.palmed.kernels import (
+    _add,
+    _holds_any,
+    _ok,
+    _text,
+    interacting_pairs,
+    mix,
+)
 from cpumap.model.palmed.lp import _LPStats
 from cpumap.model.palmed.refit import _owned, _polish
 
@@ -180,7 +187,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     wide, narrow = split(forms, widths)
     if above:
         meas = {t: m for t, m in meas.items()
-                if not any(x.partition("*")[0] in above for x in t.split())}
+                if not _holds_any(t, above)}
     mode = {f: mode_kernels(f, z, singletons, cfg) for f in narrow}
     need = sorted({_text(k) for pair in mode.values() for k in pair} - set(meas))
     if need:
