@@ -1042,6 +1042,9 @@ def test_wide_mode_covers_only_the_encodings_whose_probes_it_slows() -> None:
     # three calm probes are too few to leave an encoding out of the mode
     three = {**b.wide_mode, "encodings": {"LEGACY": [2, 2], "VEX/EVEX": [3, 0]}}
     assert palmed.states.mode_widths(widths, three, enc) == widths
+    # one slower probe of four is noise or a form's own quirk: the encoding stays calm
+    one = {**b.wide_mode, "encodings": {"LEGACY": [2, 2], "VEX/EVEX": [4, 1]}}
+    assert palmed.states.mode_widths(widths, one, enc) == b.widths
     assert b.widths == {f: w for f, w in widths.items() if f in legacy or w == 512}
     model, stats = b.fit(sim.measure)
     plain_stages = [t for s in ("pairs", "core", "saturating", "mapping", "refine")
@@ -1055,6 +1058,30 @@ def test_wide_mode_covers_only_the_encodings_whose_probes_it_slows() -> None:
     for kind, kernels in kinds.items():
         e = np.array([resmodel.predict(model, k)[0] / sim.exact(k) - 1 for k in kernels])
         assert np.sqrt(np.mean(e ** 2)) < 0.005 and np.abs(e).max() < 0.02, kind
+
+
+def test_one_slower_probe_does_not_put_its_encoding_in_the_mode() -> None:
+    """Zen 4's mode again, with one VEX form (VADDX) slower beside the 512-bit forms too, as
+    ``VCVTSI2SD xmm, xmm, r64`` ran 1.2 x there: one slower probe of four is no mode, so the
+    VEX forms stay with the plain stages, and the legacy ones alone go to the wide stage."""
+    m, widths = wide_mode_mapping()
+    legacy = {"VFMAX", "VSHUFX"}
+    m["wide"]["assignment"] = {f: a for f, a in m["wide"]["assignment"].items()
+                               if f in legacy | {"VADDX"}}
+    sim = SimulatedMachine(mapping=m)
+    enc = {f: "LEGACY" if f in legacy else "EVEX" if widths[f] == 512 else "VEX"
+           for f in widths}
+    b = Build.start(sim.forms, sim.measure, palmed.PalmedConfig(tol=1e-6), widths=widths,
+                    encodings=enc)
+    assert b.wide_mode["observed"] and b.wide_mode["encodings"] == {
+        "LEGACY": [2, 2], "VEX/EVEX": [4, 1]}
+    assert b.widths == {f: w for f, w in widths.items() if f in legacy or w == 512}
+    # one slower probe in all is no mode at all
+    m["wide"]["assignment"] = {"VADDX": m["wide"]["assignment"]["VADDX"]}
+    sim = SimulatedMachine(mapping=m)
+    b = Build.start(sim.forms, sim.measure, palmed.PalmedConfig(tol=1e-6), widths=widths,
+                    encodings=enc)
+    assert not b.wide_mode["observed"] and b.widths == widths
 
 
 def test_training_kernels_join_the_joint_refit(tmp_path) -> None:
