@@ -1084,6 +1084,35 @@ def test_one_slower_probe_does_not_put_its_encoding_in_the_mode() -> None:
     assert not b.wide_mode["observed"] and b.widths == widths
 
 
+def test_the_states_are_told_apart_by_the_probes_of_the_forms_the_mode_covers() -> None:
+    """Zen 4 again, where only legacy-SSE forms slow down beside a 512-bit form: two VEX
+    forms (VX1, VX2) run faster beside the 512-bit FP forms than beside the others (a port
+    more), none slower, so the mode leaves the VEX forms to the plain stages; their probes
+    apart must not split the 512-bit forms into two states, which the legacy ones, slowed
+    alike beside every carrier, do not tell apart."""
+    m, widths = wide_mode_mapping(states=2)
+    vex = {"VX1": [["p0", "p1"]], "VX2": [["p0", "p1"]], "VX3": [["p5"]],
+           "VX4": [["p2", "p3"]]}
+    m["assignment"] |= vex
+    m["arch"]["insns"] = sorted(m["assignment"])
+    widths |= dict.fromkeys(vex, 128)
+    cold = {f: a for f, a in m["wide"][1]["assignment"].items() if f != "VMULSX"}
+    legacy = set(cold)
+    m["wide"][0]["assignment"] = cold | {"VX1": [["p0", "p1", "p5"]],
+                                         "VX2": [["p0", "p1", "p5"]]}
+    m["wide"][1]["assignment"] = cold
+    sim = SimulatedMachine(mapping=m)
+    enc = {f: "LEGACY" if f in legacy else "EVEX" if w == 512 else "VEX"
+           for f, w in widths.items()}
+    b = Build.start(sim.forms, sim.measure, palmed.PalmedConfig(tol=1e-6), widths=widths,
+                    carriers=["VADDZ", "VFMAZ", "VPADDZ", "VSHUFZ"], encodings=enc)
+    assert b.wide_mode["encodings"]["VEX/EVEX"][1] == 0
+    assert len(b.wide_mode["states"]) == 1
+    assert b.wide_mode["states"][0]["trigger"] == sorted(f for f, w in widths.items()
+                                                         if w == 512)
+    assert b.widths == {f: w for f, w in widths.items() if f in legacy or w == 512}
+
+
 def test_training_kernels_join_the_joint_refit(tmp_path) -> None:
     """``training_kernels`` random kernels are measured as a stage of their own (listed in
     the state, so that a later job asks for them again) and fitted by the joint refit: its

@@ -130,6 +130,18 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
         record["reason"] = (f"fewer than {STATE_MIN_PROBES} probes of an encoding slower beside "
                             "a carrier than alone")
         return [], record
+    calm = _calm(by) if encodings is not None else set()
+    if calm:
+        # the states are told apart by the probes of the forms the mode covers only: the
+        # others meet the 512-bit forms in the plain stages, where sharing a unit with one
+        # is plain resource sharing (Zen 4, a default run of 2026-12-02: VEX probes apart
+        # between carriers made four states of the 512-bit forms, one of them a single form,
+        # where the legacy-SSE probes tell two)
+        enc = encodings or {}
+        ratio = {c: {f: v for f, v in r.items() if _encoding_group(enc.get(f)) not in calm}
+                 for c, r in ratio.items()}
+        confirm = {c: {f: v for f, v in r.items() if f in ratio[c]} for c, r in confirm.items()}
+        clusters = _cluster(cands, ratio, slow_at - 1, confirm)
     # the probes that tell the states apart best: the largest smallest gaps between them
     reps = [cl[0] for cl in clusters]
     common = sorted(set.intersection(*(set(ratio[c]) for c in reps)))
@@ -167,6 +179,12 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
                         for cl in order]
     record["carrier"] = order[0][0]
     return [], record
+
+
+def _calm(by: Mapping[str, Sequence[int]]) -> set[str]:
+    """The encodings the mode leaves alone, of the probe record's ``encodings``: at least
+    ``MODE_CALM_MIN`` probes and too few of them slower (``_slowed``)."""
+    return {e for e, (n, slower) in by.items() if not _slowed(n, slower) and n >= MODE_CALM_MIN}
 
 
 def _slowed(probes: int, slower: int) -> bool:
@@ -261,7 +279,7 @@ def mode_widths(widths: Mapping[str, int], record: Mapping[str, Any],
     by = record.get("encodings")
     if not record.get("observed") or encodings is None or by is None:
         return dict(widths)
-    calm = {e for e, (n, slower) in by.items() if not _slowed(n, slower) and n >= MODE_CALM_MIN}
+    calm = _calm(by)
     return {f: w for f, w in widths.items()
             if w >= WIDE_BITS or _encoding_group(encodings.get(f)) not in calm}
 
