@@ -42,7 +42,7 @@ from cpumap.isa import transition
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.config import Kernel, Log, PalmedConfig, _nolog, resumed
 from cpumap.model.palmed.core import Core, fit_core
-from cpumap.model.palmed.dirty import above, roles
+from cpumap.model.palmed.dirty import above, calm_roles, roles
 from cpumap.model.palmed.dirty import probe as dirty_probe
 from cpumap.model.palmed.forms import select_mapping_kernels, select_saturating
 from cpumap.model.palmed.kernels import (
@@ -224,6 +224,7 @@ class Build:
             b.dirty = b._probe("dirty", lambda: dirty_probe(
                 b.forms, b.dirty_widths, b.singletons, b.meas, b.candidates, b.config,
                 dirty[1]), measure, log)
+            b.dirty_widths = calm_roles(b.dirty_widths, b.dirty)
         b._finish("singletons", t0)
         return b
 

@@ -138,4 +138,25 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
         record["reason"] = "no probe slower beside a carrier than beside its 128-bit twin"
         return [], record
     record["states"] = [{"carrier": z0, "trigger": sorted(wide), "probes_slower": by[z0]}]
+    # the probed forms no carrier slowed run alike in either state: the plain stages may mix
+    # them with AVX forms (``calm``), as the 512-bit mode leaves calm encodings alone
+    record["calm"] = sorted(f for f in probes if all((z, f) in first for z in zs)
+                            and not any(zf[1] == f for zf in slower))
     return [], record
+
+
+def calm_roles(widths: Mapping[str, int], record: Mapping[str, Any]) -> dict[str, int]:
+    """``roles`` without the legacy-SSE forms the probe found as fast beside every carrier as
+    beside its twin (``record["calm"]``), where it saw the state.
+
+    Why: kept apart, no such form meets a 256-bit one in the plain stages, and where it
+    defines a resource the 256-bit forms never meet it. On Zen 4 (default runs of
+    2026-12-02) the state is the register moves' (``MOVAPD xmm, xmm`` renamed away while
+    the upper halves are clean, on an FP pipe beside a 256-bit form); with every legacy form
+    kept apart, ``ADDPD xmm`` defined the FP adders, the 256-bit adds got a resource of their
+    own, and the kernels mixing the families came out 11.6-15.3 % RMS on four held-out sets,
+    against 6.6-10.5 % from a run whose probe missed the state and mixed them all."""
+    if not record.get("observed"):
+        return dict(widths)
+    calm = set(record.get("calm", ()))
+    return {f: w for f, w in widths.items() if not (w < WIDE_BITS and f in calm)}
