@@ -47,7 +47,7 @@ from typing import Any
 from cpumap.isa.transition import AVX, SSE, WIDE_BITS
 from cpumap.model.palmed.config import Measurements, PalmedConfig
 from cpumap.model.palmed.kernels import _ok, _text, balanced
-from cpumap.model.palmed.states import STATE_MIN_PROBES
+from cpumap.model.palmed.states import slowed
 from cpumap.model.palmed.wide import MODE_TOLS, split
 
 #: The dirty state's carriers are AVX forms of at least this many bits.
@@ -133,7 +133,7 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     record.update(carrier=z0, carriers=len(zs), probes=len(probes),
                   probe_max_slowdown=round(max(first.values(), default=float("nan")), 4),
                   probes_slower=len(slower),
-                  observed=len(slower) >= min(STATE_MIN_PROBES, len(probes)))
+                  observed=slowed(len(probes), len(slower)))
     if not record["observed"]:
         record["reason"] = "no probe slower beside a carrier than beside its 128-bit twin"
         return [], record
@@ -159,4 +159,4 @@ def calm_roles(widths: Mapping[str, int], record: Mapping[str, Any]) -> dict[str
     if not record.get("observed"):
         return dict(widths)
     calm = set(record.get("calm", ()))
-    return {f: w for f, w in widths.items() if not (w < WIDE_BITS and f in calm)}
+    return {f: w for f, w in widths.items() if f not in calm}

@@ -123,7 +123,7 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
     record.update(carrier=z0, carriers=len(cands), probes=len(first),
                   probe_max_slowdown=round(max(first.values(), default=math.nan), 4),
                   probes_slower=sum(v > slow_at for v in first.values()),
-                  observed=any(_slowed(n, k) for n, k in by.values()))
+                  observed=any(slowed(n, k) for n, k in by.values()))
     if encodings is not None:
         record["encodings"] = by
     if not record["observed"]:
@@ -183,19 +183,19 @@ def probe(forms: Sequence[str], widths: Mapping[str, int], singletons: Mapping[s
 
 def _calm(by: Mapping[str, Sequence[int]]) -> set[str]:
     """The encodings the mode leaves alone, of the probe record's ``encodings``: at least
-    ``MODE_CALM_MIN`` probes and too few of them slower (``_slowed``)."""
-    return {e for e, (n, slower) in by.items() if not _slowed(n, slower) and n >= MODE_CALM_MIN}
+    ``MODE_CALM_MIN`` probes and too few of them slower (``slowed``)."""
+    return {e for e, (n, slower) in by.items() if not slowed(n, slower) and n >= MODE_CALM_MIN}
 
 
-def _slowed(probes: int, slower: int) -> bool:
-    """Whether an encoding's probes show the mode: ``STATE_MIN_PROBES`` of them slower (all,
-    if fewer). One slower probe is a neighbour or a form's own quirk, not a mode: on Zen 4
-    (default run, 2026-12-02) ``VCVTSI2SD xmm, xmm, r64`` ran 1.24 x its time alone beside
-    ``VFMADD231PD zmm`` (1.17 x beside ``VPADDQ zmm``), the only one of 37 VEX/EVEX probes
-    over 1.2 x, against 14 of 19 legacy-SSE ones at 1.8-1.9 x; it put every VEX and EVEX
-    form in the mode, which kept them out of the plain stages' kernels with 512-bit forms
-    and made the wide stage measure 106 narrow forms instead of 22 (its three states 530 s
-    of a 30-minute default run)."""
+def slowed(probes: int, slower: int) -> bool:
+    """Whether probes show a mode: ``STATE_MIN_PROBES`` of them slower (all, if fewer); an
+    encoding's here, the dirty-upper probe's in ``palmed.dirty``. One slower probe is a
+    neighbour or a form's own quirk, not a mode: on Zen 4 (default run, 2026-12-02)
+    ``VCVTSI2SD xmm, xmm, r64`` ran 1.24 x its time alone beside ``VFMADD231PD zmm`` (1.17 x
+    beside ``VPADDQ zmm``), the only one of 37 VEX/EVEX probes over 1.2 x, against 14 of 19
+    legacy-SSE ones at 1.8-1.9 x; it put every VEX and EVEX form in the mode, which kept them
+    out of the plain stages' kernels with 512-bit forms and made the wide stage measure 106
+    narrow forms instead of 22 (its three states 530 s of a 30-minute default run)."""
     return slower >= min(STATE_MIN_PROBES, probes) and slower > 0
 
 
