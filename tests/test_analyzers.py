@@ -275,13 +275,13 @@ def test_host_microarchitecture_has_targets():
     from cpumap.evaluate.analyzers import targets as T
     from cpumap.host import machine as M
     desc = M.describe()
-    name = desc["uarch"]["name"]
+    name, vendor = T._uarch(desc)  # the name the tables are looked up by
     assert T.llvm_mca_cpu("auto", desc).how == "host", desc.get("uarch")
     osaca = T.osaca_arch("auto", desc)
     if name in T.OSACA_ARCH:
         assert (osaca.how, osaca.value) == ("host", T.OSACA_ARCH[name]), desc.get("uarch")
     else:
-        assert osaca.how == "fallback" and osaca.value == T.OSACA_FALLBACK[desc["vendor"]]
+        assert osaca.how == "fallback" and osaca.value == T.OSACA_FALLBACK[vendor]
         assert repr(name) in osaca.warning, osaca.warning
 
 
