@@ -269,6 +269,29 @@ def test_impossible_counter_value_fails_its_kernel_not_the_batch(tmp_path):
     assert [r["index"] for r in res.rows] == [1] and res.rows[0]["ticks2"] == 3000
 
 
+
+def test_a_kernel_measured_twice_keeps_each_runs_iterations(tmp_path):
+    """The monitors run at both ends of a long round (``batch._order``: the order names them
+    twice), each run with the iterations its own first call scaled: each run's rows carry
+    its own. Before, the last run's count went on every row of the kernel: on a busy Sapphire
+    Rapids-class guest a first run scaled to 3 iterations per call (its timing call
+    disturbed) was read as 408, and the add monitor came out at 0.0015 cycles (2026-12-02)."""
+    fake = tmp_path / "fake_bench"
+    lines = ["clock\ttsc-calibrated\tderived", "calib\tbefore\t1.0\t1000\t1000",
+             "iters\t0\t3", "row\t0\ta\t0\t200\t300\t-1\t-1\t-1\t-1\t-1\t-1",
+             "end\t0\t1\t1\t20000",
+             "iters\t1\t50", "row\t1\tb\t0\t1000\t2000\t-1\t-1\t-1\t-1\t-1\t-1",
+             "end\t1\t1\t1\t20000",
+             "iters\t0\t408", "row\t0\ta\t0\t16400\t32700\t-1\t-1\t-1\t-1\t-1\t-1",
+             "end\t0\t1\t1\t20000",
+             "calib\tafter\t1.0\t1000\t1000", "done\t3\t0"]
+    fake.write_text("#!/bin/sh\nprintf '" + "\\n".join(lines) + "\\n'\n")
+    fake.chmod(0o755)
+    res = harness.run_batch(Path("x.so"), 2, reps=1, warmup=0, cpu=None, timeout_s=1,
+                            harness_bin=fake, indices=[0, 1, 0])
+    assert [(r["index"], r["iters"]) for r in res.rows] == [(0, 3), (1, 50), (0, 408)]
+    assert [r["run"] for r in res.rows] == [0, 1, 2]
+
 def test_row_cycles():
     row = {"ticks1": 100, "ticks2": 300, "cycles1": 150, "cycles2": 420}
     assert harness.row_cycles(row, "tsc-calibrated", 1.5) == 300.0

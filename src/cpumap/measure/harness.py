@@ -167,32 +167,31 @@ CALIB_MIN_SAMPLES = 4
 
 
 def _assign_ratios(seg: Segment, fallback: float) -> None:
-    """Each row's core cycles per TSC tick, from the calibration samples of its kernel and of
-    the CALIB_WINDOW kernels measured before and after it in the same process (a few to a few
+    """Each row's core cycles per TSC tick, from the calibration samples of its run and of
+    the CALIB_WINDOW runs measured before and after it in the same process (a few to a few
     tens of milliseconds): a burst that disturbs every sample of one kernel does not set its
     ratio, and the window is short enough to follow a drifting core clock. ``fallback`` (the
-    process's before/after calibration) where there are fewer than CALIB_MIN_SAMPLES."""
-    by_kernel: dict[int, list[dict[str, Any]]] = {}
+    process's before/after calibration) where there are fewer than CALIB_MIN_SAMPLES.
+
+    Runs, not kernels: a kernel the order names twice (the monitors at both ends of a long
+    round) runs at both ends, and each run's neighbours in time are its own."""
+    by_run: dict[int, list[dict[str, Any]]] = {}
     for row in seg.rows:
-        by_kernel.setdefault(row["index"], []).append(row)
-    order = sorted(by_kernel)
-    samples = {i: [(r["cal1"], r["cal2"], r["cal_adds"]) for r in by_kernel[i]
+        by_run.setdefault(row["run"], []).append(row)
+    order = sorted(by_run)
+    samples = {i: [(r["cal1"], r["cal2"], r["cal_adds"]) for r in by_run[i]
                    if r["cal1"] > 0 and r["cal2"] > 0] for i in order}
-    for pos, index in enumerate(order):
+    for pos, run in enumerate(order):
         near = [c for i in order[max(0, pos - CALIB_WINDOW):pos + CALIB_WINDOW + 1]
-                for c in samples[i] if c[2] == by_kernel[index][0]["cal_adds"]]
+                for c in samples[i] if c[2] == by_run[run][0]["cal_adds"]]
         # one sample alone is off by a few percent (measured: 1.38-1.52 against 1.423): the
         # fastest of several is not
         k_ratio = robust.calib_ratio(np.array([c[0] for c in near]),
                                        np.array([c[1] for c in near]),
-                                       float(by_kernel[index][0]["cal_adds"])) \
+                                       float(by_run[run][0]["cal_adds"])) \
             if len(near) >= CALIB_MIN_SAMPLES else math.nan
-        for row in by_kernel[index]:
+        for row in by_run[run]:
             row["calib_ratio"] = k_ratio if math.isfinite(k_ratio) else fallback
-            if index in seg.iters:
-                row["iters"] = seg.iters[index]
-            if index in seg.pages:
-                row["pages"] = seg.pages[index]
 
 
 def _run_segment(cmd: list[str], seg: Segment, reps: int, max_reps: int, watchdog_s: float,

@@ -32,8 +32,11 @@ class Segment:
     insn_source: str | None = None
     calib_before: float | None = None
     calib_after: float | None = None
-    iters: dict[int, int] = field(default_factory=dict)  # iterations used, when reported
-    pages: dict[int, int] = field(default_factory=dict)  # pages mapped on demand (--map-pages)
+    # the run in flight's iterations per call and pages mapped on demand (--map-pages), when
+    # reported: they go on its own rows, since a kernel the order names twice (the monitors
+    # at both ends of a long round) runs twice, each run with iterations of its own
+    iters: int | None = None
+    pages: int | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     pending: list[dict[str, Any]] = field(default_factory=list)  # rows of the kernel in flight
     failures: dict[int, str] = field(default_factory=dict)
@@ -85,12 +88,14 @@ class StreamParser:
                 else:
                     raise ValueError("calib must be before or after")
             elif kind == "iters" and len(f) == 3:
-                index, n = self._in_flight(f[1]), int(f[2])
+                self._in_flight(f[1])
+                n = int(f[2])
                 if n < 1:
                     raise ValueError("iterations must be positive")
-                seg.iters[index] = n
+                seg.iters = n
             elif kind == "pages" and len(f) == 3 and int(f[2]) >= 0:
-                seg.pages[self._in_flight(f[1])] = int(f[2])
+                self._in_flight(f[1])
+                seg.pages = int(f[2])
             elif kind == "row" and len(f) == 12:
                 self._row(f)
             elif kind == "end" and len(f) in (5, 7):
@@ -130,7 +135,10 @@ class StreamParser:
             raise ValueError(f"repetition {rep} reported, {len(seg.pending)} expected")
         if rep >= self.max_reps:
             raise ValueError(f"more than {self.max_reps} repetitions")
-        row: dict[str, Any] = {"index": index, "id": f[2], "rep": rep}
+        # run: the kernel's position in the order, which tells its runs apart
+        row: dict[str, Any] = {"index": index, "id": f[2], "rep": rep, "run": seg.pos}
+        if seg.iters is not None:
+            row["iters"] = seg.iters
         row.update(zip(_ROW_INT_FIELDS, map(int, f[4:12]), strict=True))
         seg.pending.append(row)
 
@@ -154,6 +162,8 @@ class StreamParser:
         else:
             for row in seg.pending:
                 row["stable"], row["cal_adds"] = bool(stable), cal_adds
+                if seg.pages is not None:
+                    row["pages"] = seg.pages
             if seg.pending and 0 < end1 < IMPOSSIBLE and 0 < end2 < IMPOSSIBLE:
                 seg.pending[-1]["end1"], seg.pending[-1]["end2"] = end1, end2
             seg.rows.extend(seg.pending)
@@ -163,4 +173,5 @@ class StreamParser:
 
     def _finish_kernel(self) -> None:
         self.seg.pos += 1
+        self.seg.iters = self.seg.pages = None
         self.on_kernel()
