@@ -269,7 +269,6 @@ def test_impossible_counter_value_fails_its_kernel_not_the_batch(tmp_path):
     assert [r["index"] for r in res.rows] == [1] and res.rows[0]["ticks2"] == 3000
 
 
-
 def test_a_kernel_measured_twice_keeps_each_runs_iterations(tmp_path):
     """The monitors run at both ends of a long round (``batch._order``: the order names them
     twice), each run with the iterations its own first call scaled: each run's rows carry
@@ -291,6 +290,7 @@ def test_a_kernel_measured_twice_keeps_each_runs_iterations(tmp_path):
                             harness_bin=fake, indices=[0, 1, 0])
     assert [(r["index"], r["iters"]) for r in res.rows] == [(0, 3), (1, 50), (0, 408)]
     assert [r["run"] for r in res.rows] == [0, 1, 2]
+
 
 def test_row_cycles():
     row = {"ticks1": 100, "ticks2": 300, "cycles1": 150, "cycles2": 420}

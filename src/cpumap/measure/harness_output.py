@@ -137,8 +137,6 @@ class StreamParser:
             raise ValueError(f"more than {self.max_reps} repetitions")
         # run: the kernel's position in the order, which tells its runs apart
         row: dict[str, Any] = {"index": index, "id": f[2], "rep": rep, "run": seg.pos}
-        if seg.iters is not None:
-            row["iters"] = seg.iters
         row.update(zip(_ROW_INT_FIELDS, map(int, f[4:12]), strict=True))
         seg.pending.append(row)
 
@@ -162,6 +160,8 @@ class StreamParser:
         else:
             for row in seg.pending:
                 row["stable"], row["cal_adds"] = bool(stable), cal_adds
+                if seg.iters is not None:
+                    row["iters"] = seg.iters
                 if seg.pages is not None:
                     row["pages"] = seg.pages
             if seg.pending and 0 < end1 < IMPOSSIBLE and 0 < end2 < IMPOSSIBLE:
