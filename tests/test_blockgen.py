@@ -79,8 +79,11 @@ def test_a_chain_as_written_runs_at_its_latency(measured):
         assert_near(est[text], unc[text], latency, 0.05, text)
     # push/pop run as written (RSP reset each iteration): RAX through the stack, which Zen's
     # memory renaming forwards in about a cycle (measured 1.0 on Zen 4); at most a store-to-
-    # load forwarding's ~7 cycles
-    assert 0.5 < est[blockgen.block_text(PUSH)] < 8.0
+    # load forwarding's ~7 cycles. At least the one store's share of two stores a cycle,
+    # within the 5 % and the uncertainty the chains get: a busy Sapphire Rapids-class guest,
+    # whose renaming removes the chain, read 0.4949 (its clock ratio ~1 % off, 2026-12-02)
+    push = blockgen.block_text(PUSH)
+    assert 0.5 * (1 - 0.05) < est[push] * (1 + unc[push]) and est[push] < 8.0
 
 
 def test_faulting_and_refused_blocks_fail_and_the_batch_goes_on(measured):
