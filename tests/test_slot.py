@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -237,3 +238,40 @@ def test_a_job_holding_the_slot_when_a_first_batch_begins_keeps_it_to_its_end(lo
         assert _line_within(proc, 1.0) == ""
     assert _line_within(proc, 60) == "got"
     assert proc.wait(60) == 0
+
+
+def test_a_suite_driver_holds_the_slot_while_it_runs_and_not_in_the_pauses(
+        lock, tmp_path, monkeypatch):
+    """suite.run_driver: each driver process runs with the slot held; the pauses between
+    processes (for a neighbour's burst to pass) leave it to other jobs."""
+    from cpumap.evaluate import suite
+
+    views = tmp_path / "views"
+    driver = tmp_path / "driver"
+    # a driver whose processes never agree (1,000, 1,100, ... cycles), so every pause is taken
+    driver.write_text(f"""#!{sys.executable}
+import fcntl, json, os, pathlib
+views = pathlib.Path({str(views)!r})
+fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    view = "free"
+except OSError:
+    view = "busy"
+k = len(views.read_text().split()) if views.exists() else 0
+views.write_text((views.read_text() if views.exists() else "") + view + "\\n")
+m = 1000.0 + 100.0 * k
+print(json.dumps({{"kernel": "k", "n": 1, "reps": 1, "clock": "tsc-calibrated",
+                  "cycles_per_tick": 1.0, "ticks": [m], "cycles": [m],
+                  "bytes_footprint": 8, "checksum": 0.0}}))
+""")
+    driver.chmod(0o755)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    in_pauses: list[str] = []
+    monkeypatch.setattr(suite, "time", SimpleNamespace(
+        sleep=lambda s: in_pauses.append(probe(lock))))  # suite's own pauses only
+    rec = suite.run_driver(driver, [], 60, processes=2, max_processes=4)
+    assert rec["processes"] == 4 and not rec["settled"]
+    assert views.read_text().split() == ["busy"] * 4
+    assert in_pauses == ["free"] * 2
+    assert probe(lock) == "free"

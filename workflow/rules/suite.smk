@@ -74,8 +74,9 @@ rule suite_cycles:
     threads: 1
     priority: MEASURING_PRIORITY
     resources:
-        # whole-kernel cycles are a measurement: one at a time (profiles/default)
-        measure_slots=1,
+        # whole-kernel cycles are a measurement: each driver process takes the measuring
+        # lock while it runs (the whole job without the lock: common.smk)
+        measure_slots=ROUND_MEASURE_SLOTS,
     conda:
         "../../envs/cpumap.yaml"
     script:

@@ -186,9 +186,9 @@ def lock_path(machine_dir: Path) -> Path:
 def join_job(snakemake, whole: bool, first: bool = False) -> None:  # noqa: ANN001
     """Name the lock of the job's results directory and host (:func:`lock_path`), unless the
     config's ``measuring_lock`` is false. ``whole``: the job times code outside the harness's
-    rounds (a driver binary, the bandwidth sweep, all cores at once) and takes the slot for its
-    whole life (the kernel gives it back at exit). Otherwise every timed run of the job is a
-    round of :mod:`cpumap.measure.batch`, which takes the slot around each (:func:`held`).
+    rounds (the bandwidth sweep, all cores at once) and takes the slot for its whole life (the
+    kernel gives it back at exit). Otherwise each timed run takes it around itself
+    (:func:`held`): a round of :mod:`cpumap.measure.batch`, a suite driver's process.
     ``first``: a job of the model's chain, whose batches others do not interrupt (:func:`batch`).
     (``snakemake``: the script's Snakemake object.)"""
     if not snakemake.config.get("measuring_lock", True):
