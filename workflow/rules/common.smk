@@ -116,10 +116,19 @@ SUITE_BENCHMARKS = (
 )
 
 
+def _suite_binary(mid, bench):
+    user = SUITE_USER.get(bench)
+    return user["binary"] if user else SUITE_BIN.format(mid=mid, bench=bench)
+
+
 def suite_binary(wildcards):
     """The benchmark's binary: built by suite_build, or a user entry's own path."""
-    user = SUITE_USER.get(wildcards.bench)
-    return user["binary"] if user else SUITE_BIN.format(mid=wildcards.mid, bench=wildcards.bench)
+    return _suite_binary(wildcards.mid, wildcards.bench)
+
+
+def suite_binaries(wildcards):
+    """Every benchmark's binary, in SUITE_BENCHMARKS' order."""
+    return [_suite_binary(wildcards.mid, b) for b in SUITE_BENCHMARKS]
 
 
 # Analyzer evaluation (issue 4 items 5-7, H-eval; rules in evaluate.smk).

@@ -1,6 +1,6 @@
 # Real-kernel suite of the analyzer evaluation (issue 4): build each kernel with each flag
-# set (suite_build), split it into basic blocks and count the blocks' occurrences in one
-# invocation with gdb (suite_count), and measure the whole kernel's cycles (suite_cycles).
+# set (suite_build), split it into basic blocks (suite_blocks), count the blocks' occurrences
+# in one invocation with gdb (suite_count), and measure the whole kernel's cycles (suite_cycles).
 # Paths and SUITE_BENCHMARKS are in common.smk.
 
 
@@ -28,14 +28,36 @@ rule suite_build:
         "../scripts/suite_build.py"
 
 
+if SUITE_BENCHMARKS:
+
+    rule suite_blocks:
+        # every benchmark's basic blocks (Capstone, no run) in one job: with model.suite_forms
+        # the model's chain waits for them, and not for the counting under gdb (36 jobs of
+        # 2-3 s: the chain's first stage started 77 s into a default run when it waited for
+        # those, busy Sapphire Rapids-class guest, 2026-12-02)
+        input:
+            binaries=suite_binaries,
+            forms=FORMS,
+        output:
+            blocks=eval_benchmark_files(EVAL_BLOCKS),
+        log:
+            f"{LOGS}/suite/blocks.log",
+        params:
+            benchmarks=SUITE_BENCHMARKS,
+            user=SUITE_USER,
+        priority: SUITE_BLOCKS_PRIORITY
+        conda:
+            "../../envs/cpumap.yaml"
+        script:
+            "../scripts/suite_blocks.py"
+
+
 rule suite_count:
-    # blocks and counts in one job: the counting needs the blocks, and one job per benchmark
-    # instead of two halves the per-job start-up cost (~1 s of Python imports each)
+    # the blocks' exact occurrences in one kernel invocation (gdb + flow conservation)
     input:
         binary=suite_binary,
-        forms=FORMS,
-    output:
         blocks=EVAL_BLOCKS,
+    output:
         counts=EVAL_COUNTS,
         meta=EVAL_COUNTS_META,
     log:
@@ -47,7 +69,6 @@ rule suite_count:
         n=config["suite"]["n"],
         timeout=config["suite"]["count_timeout_s"],
         all_blocks=config["suite"]["count_all_blocks"],
-    priority: SUITE_BLOCKS_PRIORITY
     conda:
         "../../envs/cpumap.yaml"
     script:

@@ -1,5 +1,5 @@
-"""Rule suite_count: the benchmark's basic blocks, then their exact occurrences in one kernel
-invocation (gdb + flow conservation)."""
+"""Rule suite_count: the exact occurrences of the benchmark's basic blocks (suite_blocks) in
+one kernel invocation (gdb + flow conservation)."""
 
 import sys
 from pathlib import Path
@@ -11,19 +11,15 @@ from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-from cpumap.evaluate.blocks import extract_blocks, write_blocks
+from cpumap.evaluate.blocks import blocks_from_frame
 from cpumap.evaluate.counting import count, write_counts
 from cpumap.evaluate.suite import benchmark_args, benchmark_function
-from cpumap.isa.catalogue import Catalogue
+from cpumap.store.files import read_parquet_checked
 
 bench = snakemake.wildcards.bench
 user = snakemake.params.user
 function = benchmark_function(bench, user)
-blocks = extract_blocks(snakemake.input.binary, function, Catalogue.load(snakemake.input.forms))
-write_blocks(blocks, bench, function, snakemake.output.blocks)
-no_form = sum(f == "" for b in blocks for f in b.forms)
-print(f"{bench}: {function} has {len(blocks)} blocks, {sum(b.n_insns for b in blocks)} "
-      f"instructions, {no_form} without a catalogue form")
+blocks = blocks_from_frame(read_parquet_checked(snakemake.input.blocks))
 args = benchmark_args(bench, user, dict(snakemake.params.n), reps=1)
 result = count(snakemake.input.binary, function, blocks, args,
                all_blocks=bool(snakemake.params.all_blocks),
