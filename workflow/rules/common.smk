@@ -190,6 +190,8 @@ ROOF_COMPUTE = f"{ROOF_DIR}/compute.json"
 ROOF_SWEEP = f"{ROOF_DIR}/sweep.parquet"
 ROOF_CEILINGS = f"{ROOF_DIR}/ceilings.json"
 ROOF_COUNTS = f"{ROOF_DIR}/counts.parquet"
+# one kernel point size, every cache state: {bench} as SUITE_BIN, {n} the problem size
+ROOF_COUNTS_PART = f"{ROOF_DIR}/counts/{{bench}}-n{{n}}.parquet"
 ROOF_POINTS = f"{ROOF_DIR}/points.parquet"
 ROOF_PLOTS = f"{ROOF_DIR}/plots"
 ROOF_SECTION = f"{ROOF_DIR}/section.html"
@@ -203,6 +205,13 @@ def roofline_point_benchmarks():
         return []
     flagsets = pts["flagsets"] or list(config["suite"]["flagsets"])
     return [f"{k}.{f}" for k in pts["kernels"] for f in flagsets]
+
+
+def roofline_count_parts(wildcards):
+    """The count part of every kernel point size (rule roofline_count)."""
+    sizes = ROOF["points"]["sizes"]
+    return [ROOF_COUNTS_PART.format(mid=wildcards.mid, bench=b, n=n)
+            for b in roofline_point_benchmarks() for n in sizes.get(b.partition(".")[0], [])]
 
 
 def quick_list_input(wildcards):

@@ -81,21 +81,38 @@ rule roofline_ceilings:
         "../scripts/roofline_ceilings.py"
 
 
-rule roofline_counts:
-    # the points' work (instructions, flops, bytes) from valgrind or gdb: no timing, so it
-    # takes no measuring slot and runs beside the measuring jobs
+rule roofline_count:
+    # the work (instructions, flops, bytes) of one kernel point size from valgrind or gdb: no
+    # timing, so no measuring slot; one size a job, so that the model's chain gets the core
+    # back within seconds (one job of every point held it 27 min of a full profile, the
+    # mapping's compiling then waiting on its measuring: Sapphire Rapids-class guest,
+    # 2026-12-02)
     input:
-        binaries=lambda wildcards: expand(SUITE_BIN, mid=wildcards.mid,
-                                          bench=roofline_point_benchmarks()),
+        binary=SUITE_BIN,
         machine=MACHINE_JSON,
+    output:
+        part=ROOF_COUNTS_PART,
+    log:
+        f"{LOGS}/roofline/counts/{{bench}}-n{{n}}.log",
+    wildcard_constraints:
+        bench=r"[A-Za-z0-9_]+\.[A-Za-z0-9_+-]+",
+        n=r"[0-9]+",
+    params:
+        points=ROOF["points"],
+    threads: 1
+    conda:
+        "../../envs/cpumap.yaml"
+    script:
+        "../scripts/roofline_count.py"
+
+
+rule roofline_counts:
+    input:
+        parts=roofline_count_parts,
     output:
         counts=ROOF_COUNTS,
     log:
         f"{LOGS}/roofline/counts.log",
-    params:
-        benchmarks=roofline_point_benchmarks(),
-        points=ROOF["points"],
-    threads: 1
     conda:
         "../../envs/cpumap.yaml"
     script:

@@ -1,4 +1,4 @@
-"""Rule roofline_counts: the work (instructions, flops, bytes) of every kernel point."""
+"""Rule roofline_counts: the kernel points' counts in one table (the parts of roofline_count)."""
 
 import sys
 from pathlib import Path
@@ -10,19 +10,11 @@ from cpumap.store.files import redirect_output
 
 redirect_output(snakemake.log[0])
 
-import json
+import pandas as pd
 
-from cpumap.roofline.points import count_points
-from cpumap.store.files import write_parquet_atomic
+from cpumap.store.files import read_parquet_checked, write_parquet_atomic
 
-with open(snakemake.input.machine, encoding="utf-8") as handle:
-    machine = json.load(handle)
-pts = snakemake.params.points
-benchmarks = dict(zip(snakemake.params.benchmarks, snakemake.input.binaries, strict=True))
-df = count_points(benchmarks, pts["sizes"], pts["states"], machine,
-                  count_timeout=float(pts["count_timeout_s"]),
-                  sim_timeout=float(pts["sim_timeout_s"]),
-                  gdb_max_footprint=int(pts["gdb_max_footprint"]),
-                  progress=lambda message: print(message, flush=True))
+parts = [read_parquet_checked(p) for p in snakemake.input.parts]
+df = pd.concat(parts, ignore_index=True)
 write_parquet_atomic(df, snakemake.output.counts)
-print(f"{len(df)} points counted, {int((df.status == 'ok').sum())} ok")
+print(f"{len(df)} points counted in {len(parts)} parts, {int((df.status == 'ok').sum())} ok")
