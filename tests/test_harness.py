@@ -373,6 +373,32 @@ def test_each_run_of_repetitions_takes_the_faster_clock_around_it():
     assert low[1::2] == low[::2]
 
 
+def test_a_run_is_never_converted_under_the_clock_its_own_samples_prove():
+    """A sample's level is the densest ratio near it, but never under what its own chains
+    prove (a chain of k latency-1 adds takes at least k cycles): the busy Sapphire
+    Rapids-class guest's samples lay in bands wider than the level's reach of a crisp
+    ratio, and runs converted at the band's densest ratio read the add monitor 0.1975
+    cycles, under the 0.2 five ALUs allow. A slowed sample still reads its level, and a
+    sample with no level near it still sets no clock."""
+    dense, proven = 1.00, 1.012
+    clocks = [dense] * 6 + [proven, dense * 0.99, 0.80, dense]
+    rows = [{"index": k, "rep": 0} | _sample(c) for k, c in enumerate(clocks)]
+    samples = clocklevels.clock_samples(rows)
+    chains = [np.array([r.get(k, -1) for r in rows], dtype="float64")
+              for k in ("cal1", "cal2", "end1", "end2", "cal_adds")]
+    floors = clocklevels.floor_pairs(*chains)
+    levels = clocklevels.clock_levels(np.concatenate(samples))
+    old, _ = clocklevels.local_ratios(len(rows), samples, None, levels)
+    local, _ = clocklevels.local_ratios(len(rows), samples, None, levels, floors)
+    # each run takes the faster of its own sample and the next kernel's first one
+    assert old[6] == pytest.approx(dense, rel=1e-4)  # the densest ratio, under the proof
+    assert local[5:7].tolist() == pytest.approx([proven, proven], rel=1e-4)
+    assert local[:5].tolist() == pytest.approx([dense] * 5, rel=1e-4)
+    assert np.isnan(local[7:9]).all() and np.isnan(local[9])  # 0.80: no level near it
+    # the proof itself: the larger of the n and 2n chains' adds per tick
+    assert floors[0][6] == pytest.approx(proven, rel=1e-4) and np.isnan(floors[1]).all()
+
+
 def test_a_licence_clock_a_neighbour_blurred_reads_the_top_of_its_samples():
     """Samples of a licence clock that a neighbour slowed by different amounts have no crisp
     level: they read the median of the fastest group of four within LEVEL_BLUR, from

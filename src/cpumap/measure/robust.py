@@ -112,11 +112,22 @@ def sample_ratios(cal1: np.ndarray, cal2: np.ndarray, adds: np.ndarray) -> np.nd
     ``cal2[i]``): NaN where the 2n chain is not the longer."""
     cal1, cal2 = np.asarray(cal1, dtype="float64"), np.asarray(cal2, dtype="float64")
     adds = np.asarray(adds, dtype="float64")
+    low = sample_floors(cal1, cal2, adds)
     with np.errstate(invalid="ignore", divide="ignore"):
         d = cal2 - cal1
-        low = np.maximum(adds / cal1, 2.0 * adds / cal2)
         out = np.clip(adds / d, low, low / (1.0 - CALIB_OVERHEAD))
     return np.where(d > 0, out, np.nan)
+
+
+def sample_floors(cal1: np.ndarray, cal2: np.ndarray, adds: np.ndarray) -> np.ndarray:
+    """The core clock each single sample proves, in cycles per tick: a chain of k latency-1
+    adds takes at least k cycles, so k over its ticks is at most the ratio whatever slowed
+    it (the larger of the n and the 2n chain's). NaN where a chain has no ticks."""
+    cal1, cal2 = np.asarray(cal1, dtype="float64"), np.asarray(cal2, dtype="float64")
+    adds = np.asarray(adds, dtype="float64")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = np.maximum(adds / cal1, 2.0 * adds / cal2)
+    return np.where((cal1 > 0) & (cal2 > 0), low, np.nan)
 
 
 def low_by(x: np.ndarray, gid: np.ndarray, n: int, step: np.ndarray) -> np.ndarray:

@@ -91,8 +91,9 @@ def round_columns(res) -> dict:
     else:
         cols["calib_ratio"] = col("calib_ratio", harness.calib_ratio(res), "float64")
     # its calibration samples as clock ratios (``clocklevels.clock_samples``)
-    cols["samples"] = clocklevels.sample_pairs(cols["cal1"], cols["cal2"], cols["end1"],
-                                               cols["end2"], cols["cal_adds_f"])
+    chains = (cols["cal1"], cols["cal2"], cols["end1"], cols["end2"], cols["cal_adds_f"])
+    cols["samples"] = clocklevels.sample_pairs(*chains)
+    cols["floors"] = clocklevels.floor_pairs(*chains)
     res.columns = cols
     return cols
 
@@ -137,7 +138,8 @@ def rows_from_rounds(results, metas, machine_id, batch_id, params, now,
         if not take.any():
             continue
         if res.clock != "papi":
-            local, low = clocklevels.local_ratios(len(index), own, res.calib_after, level)
+            local, low = clocklevels.local_ratios(len(index), own, res.calib_after, level,
+                                                  cols["floors"])
         else:
             local = low = np.full(len(index), np.nan)
         frames.append(_round_frame(res, cols, take, pos[take], rep[take], local[take],
