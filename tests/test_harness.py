@@ -61,7 +61,7 @@ def _per_add(rows: list[dict]) -> float:
     the clock is known."""
     # the faster sample around each run, and the lower one
     ratio, low = clocklevels.local_ratios(len(rows), clocklevels.clock_samples(rows), None,
-                                          np.asarray)
+                                          np.asarray, clocklevels.clock_floors(rows))
     held = low >= (1.0 - STEADY) * ratio
     if not held.any():
         return math.nan
@@ -360,7 +360,8 @@ def test_each_run_of_repetitions_takes_the_faster_clock_around_it():
     samples = clocklevels.clock_samples(rows)
     # the levels come from the whole batch: here three rounds of the same samples
     levels = clocklevels.clock_levels(np.tile(np.concatenate(samples), 3))
-    local, low = clocklevels.local_ratios(len(rows), samples, fast, levels)
+    local, low = clocklevels.local_ratios(len(rows), samples, fast, levels,
+                                          clocklevels.clock_floors(rows))
     got = local.tolist()[::2]
     assert got[:6] == pytest.approx([slow, slow, fast, fast, fast, np.nan], rel=1e-4,
                                     nan_ok=True)  # kernel 2: the clock rose after it
@@ -383,12 +384,10 @@ def test_a_run_is_never_converted_under_the_clock_its_own_samples_prove():
     dense, proven = 1.00, 1.012
     clocks = [dense] * 6 + [proven, dense * 0.99, 0.80, dense]
     rows = [{"index": k, "rep": 0} | _sample(c) for k, c in enumerate(clocks)]
-    samples = clocklevels.clock_samples(rows)
-    chains = [np.array([r.get(k, -1) for r in rows], dtype="float64")
-              for k in ("cal1", "cal2", "end1", "end2", "cal_adds")]
-    floors = clocklevels.floor_pairs(*chains)
+    samples, floors = clocklevels.clock_samples(rows), clocklevels.clock_floors(rows)
     levels = clocklevels.clock_levels(np.concatenate(samples))
-    old, _ = clocklevels.local_ratios(len(rows), samples, None, levels)
+    unproven = (np.full(len(rows), np.nan),) * 2  # the densest ratio alone, as before
+    old, _ = clocklevels.local_ratios(len(rows), samples, None, levels, unproven)
     local, _ = clocklevels.local_ratios(len(rows), samples, None, levels, floors)
     # each run takes the faster of its own sample and the next kernel's first one
     assert old[6] == pytest.approx(dense, rel=1e-4)  # the densest ratio, under the proof

@@ -48,10 +48,20 @@ def clock_samples(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.nda
     (``robust.sample_ratios``): the one taken before its repetition (``cal1``, ``cal2``)
     and the one closing its kernel's repetitions (``end1``, ``end2``), NaN where it has
     none. One pass over the rows: a full-profile batch has a quarter of a million."""
-    f = np.array([(r.get("cal1", -1), r.get("cal2", -1), r.get("end1", -1),
-                   r.get("end2", -1), r.get("cal_adds", np.nan)) for r in rows],
-                 dtype="float64").reshape(-1, 5)
-    return sample_pairs(*f.T)
+    return sample_pairs(*_chains(rows))
+
+
+def clock_floors(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """The clock each of :func:`clock_samples`'s samples proves (:func:`floor_pairs`)."""
+    return floor_pairs(*_chains(rows))
+
+
+def _chains(rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """The rows' chains (``cal1``, ``cal2``, ``end1``, ``end2``, ``cal_adds``), a row of
+    the array each, -1 (NaN for the adds) where a row has none."""
+    return np.array([(r.get("cal1", -1), r.get("cal2", -1), r.get("end1", -1),
+                      r.get("end2", -1), r.get("cal_adds", np.nan)) for r in rows],
+                    dtype="float64").reshape(-1, 5).T
 
 
 def sample_pairs(cal1: np.ndarray, cal2: np.ndarray, end1: np.ndarray, end2: np.ndarray,
@@ -155,8 +165,7 @@ def _window_top(density: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarr
 
 def local_ratios(n_rows: int, samples: tuple[np.ndarray, np.ndarray], after: float | None,
                  level: Callable[[np.ndarray], np.ndarray],
-                 floors: tuple[np.ndarray, np.ndarray] | None = None,
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 floors: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(``local_ratio``, ``run_ratio_low``) of each of a process's ``n_rows`` rows.
 
     ``local_ratio``: the core clock while its repetition ran, the faster of the
@@ -177,12 +186,13 @@ def local_ratios(n_rows: int, samples: tuple[np.ndarray, np.ndarray], after: flo
     ratio).
 
     A sample's level is never under the clock its own chains prove (``floors``, from
-    :func:`floor_pairs`): chains are only ever slowed. Why: on the busy Sapphire Rapids-class
-    guest (2026-12-03) a batch's samples lay in bands about 2.5 % wide, 4 % apart, and the
-    densest ratio of a band, under its top, was the level of the whole band: 32 % of a core
-    batch's samples had a level under what their own chains proved (by 0.7 % at the median),
-    and its monitors, converted there, read ``ADD r64, r64`` 0.1975 cycles and ``MOV r64,
-    m64`` 0.3291, under the 0.2 and 1/3 that five ALUs and three load pipes allow.
+    :func:`floor_pairs`, NaN where a sample proves nothing): chains are only ever slowed.
+    Why: on the busy Sapphire Rapids-class guest (2026-12-03) a batch's samples lay in bands
+    about 2.5 % wide, 4 % apart, and the densest ratio of a band, under its top, was the
+    level of the whole band: 32 % of a core batch's samples had a level under what their own
+    chains proved (by 0.7 % at the median), and its monitors, converted there, read ``ADD
+    r64, r64`` 0.1975 cycles and ``MOV r64, m64`` 0.3291, under the 0.2 and 1/3 that five
+    ALUs and three load pipes allow.
 
     Each row's ``run_ratio_low`` is the lower of the two samples' own ratios (not levels):
     a sample reading the batch's fastest clock proves the clock was that fast then (chains
@@ -195,10 +205,9 @@ def local_ratios(n_rows: int, samples: tuple[np.ndarray, np.ndarray], after: flo
     raw_before, raw_closing = samples
     at = np.flatnonzero(np.isfinite(raw_before))
     before, closing = level(raw_before), level(raw_closing)
-    if floors is not None:
-        with np.errstate(invalid="ignore"):  # NaN (no level) stays NaN
-            before = np.where(np.isnan(before), np.nan, np.fmax(before, floors[0]))
-            closing = np.where(np.isnan(closing), np.nan, np.fmax(closing, floors[1]))
+    # NaN (no level) stays NaN
+    before = np.where(np.isnan(before), np.nan, np.fmax(before, floors[0]))
+    closing = np.where(np.isnan(closing), np.nan, np.fmax(closing, floors[1]))
     if len(at):
         ends = np.append(at[1:], n_rows)
         # after each run: the kernel's own closing sample, else the next run's first sample,
