@@ -790,6 +790,47 @@ def test_wide_stage_skips_lighter_mixes_that_rose_as_in_the_plain_model(monkeypa
         assert np.abs(e).max() < 0.02
 
 
+def test_the_wide_stage_meets_only_the_pairs_the_mode_can_change(monkeypatch) -> None:
+    """Beside the carrier a narrow vector form meets every resource, a 512-bit form only the
+    resources whose saturating kernel holds a narrow vector form (its other mixes were in the
+    mode already), and a form without a vector register only the vector resources it shares
+    outside the mode. On the simulated core LOAD shares none (it keeps its plain uses, with
+    no kernel of its own), IMUL (port 1) shares the vector ALUs' and its wide uses drop
+    there; no 512-bit form meets LOAD's resource. The stage asks a strict subset of what
+    every pair asks, and both models are as exact."""
+    m, widths = wide_mode_mapping()
+    sim = SimulatedMachine(mapping=m)
+    cfg = palmed.PalmedConfig(tol=1e-6)
+    kinds = _kinds(held_out(sim.forms, 600, seed=3), widths)
+    model, stats, asked = _built_asked(sim, widths, cfg)
+
+    def every_pair(reps, other_reps, usable, vres, *_a):
+        return {f: list(usable) for f in reps} | {f: list(vres) for f in other_reps}
+
+    monkeypatch.setattr(palmed.wide, "_meets", every_pair)
+    everywhere, stats_all, asked_all = _built_asked(sim, widths, cfg)
+    assert set(asked["wide"]) < set(asked_all["wide"])
+    assert stats["kernels"]["wide"] < stats_all["kernels"]["wide"]
+    assert model.wide["rho"]["LOAD"] == model.rho["LOAD"] == {"R01": 0.5}
+
+    def beside_512_only(texts: list[str], form: str) -> set[str]:
+        """the mixes holding ``form`` and 512-bit forms but no narrow vector form (a
+        saturating kernel, the carrier and the form met: three forms at least)"""
+        return {t for t in texts if form in (k := parse_canonical(t)) and len(k) >= 3
+                and {widths.get(f, 0) for f in k} >= {512} and 128 not in
+                {widths.get(f, 0) for f in k}}
+
+    assert not beside_512_only(asked["wide"], "LOAD")
+    assert beside_512_only(asked_all["wide"], "LOAD")
+    assert set(model.rho["IMUL"]) > set(model.wide["rho"]["IMUL"]) == {"R00", "R02"}
+    for mdl in (model, everywhere):
+        assert np.abs([resmodel.predict(mdl, k)[0] / sim.exact(k) - 1
+                       for k in kinds["plain"]]).max() < 1e-5
+        for kind in ("mixed", "wide"):
+            e = np.array([resmodel.predict(mdl, k)[0] / sim.exact(k) - 1 for k in kinds[kind]])
+            assert np.sqrt(np.mean(e ** 2)) < 0.005 and np.abs(e).max() < 0.02, kind
+
+
 def test_wide_refit_moves_only_the_uses_met_beside_the_carrier(monkeypatch) -> None:
     """Noisy measurements: the wide uses end with a joint refit over every kernel holding a
     512-bit form (``wide._refit_mode``), which lowers the error of the kernels mixing
@@ -1148,8 +1189,8 @@ def test_training_kernels_join_the_joint_refit(tmp_path) -> None:
 def test_wide_training_kernels_join_only_the_wide_refit() -> None:
     """With a 512-bit mode, as many random kernels again hold a 512-bit form: the wide stage
     measures them (stage ``wide-training``; no plain stage asks for one) and only the wide
-    refit fits them: its kernels grow by those no stage had measured, the plain refit's by
-    the plain training kernels alone."""
+    refit fits them: its kernels grow by those no stage had measured (beside the stage's own
+    mixes), the plain refit's by the plain training kernels alone."""
     m, widths = wide_mode_mapping()
     sim = SimulatedMachine(mapping=m, noise=0.02, seed=0)
     runs = {}
@@ -1170,7 +1211,13 @@ def test_wide_training_kernels_join_only_the_wide_refit() -> None:
     base = runs[0][1]
     assert stats["joint_refit"]["kernels"] == base["joint_refit"]["kernels"] + len(
         b.asked["training"])
-    assert stats["wide_refit"]["kernels"] == base["wide_refit"]["kernels"] + len(new)
+    # the wide stage's own mixes follow the plain uses (``wide._meets``), which the training
+    # kernels moved: counted apart
+    def own(build: Build) -> int:
+        return sum(1 for k in build.asked["wide"] if trigger & set(parse_canonical(k)))
+
+    assert stats["wide_refit"]["kernels"] == base["wide_refit"]["kernels"] + len(new) + \
+        own(b) - own(runs[0][0])
     # and the wide refit takes them as its training kernels (sampled first, weighted), as the
     # plain refit does its own
     assert 0 < stats["wide_refit"]["first"] <= len(wide)

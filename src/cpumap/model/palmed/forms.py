@@ -84,11 +84,19 @@ def select_mapping_kernels(saturating: Sequence[tuple[Mapping[str, int], float]]
                     break
                 if settled is not None and beta == cfg.betas[0] and settled(sk, f):
                     break
-                m_base, m_mix = meas[tb], meas[tk]
-                if math.isfinite(m_base) and math.isfinite(m_mix) and \
-                        m_mix <= m_base * (1 + max(cfg.tol, 1e-9)):
+                if no_slower(tb, tk, meas, cfg.tol):
                     break
     return sorted(t for t in out if t not in meas)
+
+
+def no_slower(base: str, k: str, meas: Measurements, tol: float) -> bool:
+    """Whether mix ``k`` measured no slower than its ``base`` (SK^s alone) within ``tol``:
+    the form's use of the saturated resource is nil (``select_mapping_kernels``)."""
+    if base not in meas or k not in meas:
+        return False
+    m_base, m_mix = meas[base], meas[k]
+    return math.isfinite(m_base) and math.isfinite(m_mix) and \
+        m_mix <= m_base * (1 + max(tol, 1e-9))
 
 
 def _form_lp(form: str, t_form: float, rows: list[_Row], rho: Mapping[str, Mapping[int, float]],

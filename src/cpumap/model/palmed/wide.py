@@ -32,9 +32,10 @@ added once to kernels that hold no 512-bit form of their own.
    vector forms it covers in a kernel (``transition.mixes_512``; ``Build`` keeps them apart
    as it does the SSE/AVX families): the plain model is then the host outside the mode.
 3. **Wide stage** (``fit_wide``, after the refinement, once per state): the mode kernels
-   of every narrow vector form; every vector form against every saturating kernel with the
-   carrier added (``SK^s + Z``), and every other form against those that a vector form saturates (a
-   general-purpose form meets vector μops that left port 1), screened by proportion as the
+   of every narrow vector form; the forms against the saturating kernels with the carrier
+   added (``SK^s + Z``) whose mixes the mode can change (``_meets``: a narrow vector form
+   against all, a 512-bit one against those holding a narrow vector form, a general-purpose
+   form against the vector resources it shares outside the mode), screened by proportion as the
    mapping kernels are (``select_mapping_kernels``) and by the plain stages' own mixes
    (``_as_plain``: a pair whose balanced mix rose as in the plain model keeps its plain use,
    with no lighter proportion beside the carrier); then Palmed's per-form LPs over those
@@ -57,14 +58,14 @@ no resource of their own among the plain model's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 
 from cpumap.isa.transition import WIDE_BITS, mixes_512
 from cpumap.measure.asmgen import parse_canonical
 from cpumap.model.palmed.classes import Classes, through
 from cpumap.model.palmed.config import NOISY_TOL, Kernel, Log, Measurements, PalmedConfig, _nolog
 from cpumap.model.palmed.core import Core, Step
-from cpumap.model.palmed.forms import _fit_forms, select_mapping_kernels
+from cpumap.model.palmed.forms import _fit_forms, no_slower, select_mapping_kernels
 from cpumap.model.palmed.kernels import (
     _add,
     _holds_any,
@@ -181,6 +182,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     ``first``: the stage's random training kernels (``Build.training(wide=True)``), which the
     joint refit samples first and weights ``training_weight``, as the plain refit does its
     own.
+
     """
     cfg = config or PalmedConfig()
     forms = [f for f in forms if f not in above]
@@ -220,8 +222,28 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     if fixed:
         reps, other_reps = [f for f in reps if f not in wide], []
     # saturating kernel with the carrier -> (its time, the plain one, its construction time)
+    t_built = t_plain or [math.nan] * len(sat)
     plain = {_text(sk_z): (t_z, sk, t) for (sk_z, t_z), (sk, _), t
-             in zip(sat, saturating, t_plain or [math.nan] * len(sat), strict=True)}
+             in zip(sat, saturating, t_built, strict=True)}
+
+    def nil(f: str, r: int) -> bool:
+        """Whether the plain stages' balanced mix of ``f`` with resource r's saturating
+        kernel rose no more than ``tol`` over the kernel alone: no use of it outside the
+        mode (unknown without the construction times: not nil)."""
+        if not (math.isfinite(t_built[r]) and t_built[r] > 0):
+            return False
+        base, k = mix(saturating[r][0], t_built[r], f, singletons[f], cfg.betas[0],
+                      cfg.max_kernel)
+        return no_slower(_text(base), _text(k), meas, cfg.tol)
+
+    def shares(f: str, r: int) -> bool:
+        """Whether ``f`` has a use of resource r outside the mode that can matter: its plain
+        balanced mix with r's saturating kernel rose, and its plain use of r is over ``tol``
+        of its own time (the LPs leave residues of a few tol: a fall of one under that moves
+        no kernel's time by more than tol)."""
+        return not nil(f, r) and rho.get(f, {}).get(r, 0.0) > max(cfg.tol, 1e-9) * singletons[f]
+
+    meets = _meets(reps, other_reps, usable, vres, saturating, widths, shares)
     t_of = {**singletons, **t_mode}
     same: dict[tuple[str, str], bool] = {}
 
@@ -233,10 +255,9 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
                                   widths, meas, cfg)
         return same[key]
 
-    need = sorted(set(select_mapping_kernels([sat[r] for r in usable], reps, t_mode, meas, cfg,
-                                             settled))
-                  | set(select_mapping_kernels([sat[r] for r in vres], other_reps,
-                                               singletons, meas, cfg, settled)))
+    need = sorted({k for f, rs in meets.items()
+                   for k in select_mapping_kernels([sat[r] for r in rs], [f], t_of, meas, cfg,
+                                                   settled)})
     if need:
         return Step(need=need)
     start = {f: dict(u) for f, u in rho.items()}
@@ -253,9 +274,9 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     # penalty; seen: VDIVPD ymm's divider use sat on such a resource and was lost, its
     # kernels beside zmm forms predicted 3-5 x too fast)
     # and of every resource against which its balanced mix rose as in the plain model
-    met = {f: {r for r, (sk, t_sk) in enumerate(sat) if _met(f, sk, t_sk, t_of[f], meas, cfg)
-               and not settled(sk, f)}
-           for f in [*reps, *other_reps]} | {f: set() for f in fixed}
+    met = {f: {r for r in rs if _met(f, *sat[r], t_of[f], meas, cfg)
+               and not settled(sat[r][0], f)}
+           for f, rs in meets.items()} | {f: set() for f in fixed}
     fitted = {f: {r: v for r, v in fitted[f].items() if r in met[f]}
               | {r: v for r, v in rho.get(f, {}).items() if r not in met[f]}
               for f in [*reps, *other_reps, *fixed]}
@@ -275,7 +296,9 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     log(f"wide: wide uses of {len(vector)} vector forms ({len(narrow)} narrower, "
         f"{len(wide)} triggers; {len(reps)} representatives) against {len(sat)} resources "
         f"with carrier {z}, and of {len(other)} other forms ({len(other_reps)} "
-        f"representatives) against the {len(vres)} a vector form saturates")
+        f"representatives) against the {len(vres)} a vector form saturates: "
+        f"{sum(map(len, meets.values()))} pairs met of "
+        f"{len(reps) * len(usable) + len(other_reps) * len(vres)}")
     # a form is never faster beside other forms than alone, nor a narrow one than beside the
     # carrier, but the wide LPs and refit bound a use only by the kernels in the mode (Zen
     # 4, full profile: 188 of 5,627 forms' wide uses under their singleton, the dividers' at
@@ -337,6 +360,38 @@ def _wide_reps(classes: Mapping[str, Sequence[str]], widths: Mapping[str, int],
                 continue
             rep_of[f] = head
     return rep_of
+
+
+def _meets(reps: Sequence[str], other_reps: Sequence[str], usable: Sequence[int],
+           vres: Sequence[int], saturating: Sequence[tuple[Mapping[str, int], float]],
+           widths: Mapping[str, int], shares: Callable[[str, int], bool]
+           ) -> dict[str, list[int]]:
+    """form -> the resources (indices into ``saturating``) whose saturating kernel it meets
+    beside the carrier; a form keeps its plain use of every other resource.
+
+    Why not every pair: the mode moves vector μops between ports, and that changes a use
+    only where the plain stages could not have seen it.
+
+    - A narrow vector form's μops are the ones that move: it meets every usable resource.
+      Even one as fast beside the carrier as alone, and whose plain mix with a resource's
+      kernel did not rise, may collide with it in the mode: on the simulated core ``VMULX``
+      (a μop on p0/p1, one on p5) keeps its time, but its first μop leaves p1 for p0, where
+      ``SHL`` runs; skipped, that pair was predicted 6.7 % fast.
+    - A 512-bit form was in the mode in every plain mix it was in: it meets only the
+      resources whose saturating kernel holds a narrow vector form (those mixes were kept
+      apart for the mode).
+    - A form without a vector register keeps its μops, and beside vector μops that moved
+      its use of a resource can fall but not rise from nothing: it meets only the resources
+      a vector form saturates that it ``shares`` outside the mode.
+
+    On the Sapphire Rapids-class guest's default-run database (offline, the same
+    measurements): 2,963 of the 3,741 pairs met, the stage's kernels 5,588 -> 4,874, the
+    held-out kernels mixing 512-bit and narrower forms 8.2 -> 8.1 % RMS (docs/model.md)."""
+    narrow_sk = [r for r in usable
+                 if any(0 < widths.get(f, 0) < WIDE_BITS for f in saturating[r][0])]
+    out = {f: list(narrow_sk if widths.get(f, 0) >= WIDE_BITS else usable) for f in reps}
+    out |= {f: [r for r in vres if shares(f, r)] for f in other_reps}
+    return out
 
 
 def _met(form: str, sk: Kernel, t_sk: float, t_form: float, meas: Measurements,
