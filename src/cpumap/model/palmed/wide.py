@@ -182,7 +182,6 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     ``first``: the stage's random training kernels (``Build.training(wide=True)``), which the
     joint refit samples first and weights ``training_weight``, as the plain refit does its
     own.
-
     """
     cfg = config or PalmedConfig()
     forms = [f for f in forms if f not in above]
@@ -226,22 +225,19 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     plain = {_text(sk_z): (t_z, sk, t) for (sk_z, t_z), (sk, _), t
              in zip(sat, saturating, t_built, strict=True)}
 
-    def nil(f: str, r: int) -> bool:
-        """Whether the plain stages' balanced mix of ``f`` with resource r's saturating
-        kernel rose no more than ``tol`` over the kernel alone: no use of it outside the
-        mode (unknown without the construction times: not nil)."""
-        if not (math.isfinite(t_built[r]) and t_built[r] > 0):
+    def shares(f: str, r: int) -> bool:
+        """Whether ``f`` has a use of resource r outside the mode that can matter: the plain
+        stages' balanced mix of ``f`` with r's saturating kernel rose over the kernel alone
+        by more than ``tol`` (unknown without the construction times: it did), and its plain
+        use of r is over ``tol`` of its own time (the LPs leave residues of a few tol: a
+        fall of one under that moves no kernel's time by more than tol)."""
+        if rho.get(f, {}).get(r, 0.0) <= max(cfg.tol, 1e-9) * singletons[f]:
             return False
+        if not (math.isfinite(t_built[r]) and t_built[r] > 0):
+            return True
         base, k = mix(saturating[r][0], t_built[r], f, singletons[f], cfg.betas[0],
                       cfg.max_kernel)
-        return no_slower(_text(base), _text(k), meas, cfg.tol)
-
-    def shares(f: str, r: int) -> bool:
-        """Whether ``f`` has a use of resource r outside the mode that can matter: its plain
-        balanced mix with r's saturating kernel rose, and its plain use of r is over ``tol``
-        of its own time (the LPs leave residues of a few tol: a fall of one under that moves
-        no kernel's time by more than tol)."""
-        return not nil(f, r) and rho.get(f, {}).get(r, 0.0) > max(cfg.tol, 1e-9) * singletons[f]
+        return not no_slower(_text(base), _text(k), meas, cfg.tol)
 
     meets = _meets(reps, other_reps, usable, vres, saturating, widths, shares)
     t_of = {**singletons, **t_mode}
