@@ -64,37 +64,56 @@ def summarize(rows: pd.DataFrame, kernel: dict[str, int], cached: bool,
     }
 
 
-def _recent(db_dir, machine_id: str, hours: float = 1.0,
-            rows: pd.DataFrame | None = None) -> pd.DataFrame | None:
-    """Rows of this machine and harness stored in the last ``hours`` (of ``rows`` when given,
-    the machine's rows already loaded): their calibration samples help estimate the core
-    clock of a one-kernel measurement."""
+#: What a batch's clock (``estimate.batch_ratios``) is computed from: the columns read of the
+#: recent rows, whose calibration samples join a one-kernel batch's.
+_CLOCK_COLUMNS = ["machine_id", "batch_id", "params_id", "cal1", "cal2", "cal_adds",
+                  "timestamp", "harness_version"]
+#: What finds the batches that stored a kernel.
+_KEY_COLUMNS = ["machine_id", "kernel_id", "params_id", "harness_version", "status", "role",
+                "batch_id"]
+
+
+def _recent(db_dir, machine_id: str, hours: float = 1.0) -> pd.DataFrame | None:
+    """The calibration columns of the rows of this machine and harness stored in the last
+    ``hours``: their samples help estimate the core clock of a one-kernel measurement. Only
+    those columns: a default run's database is 200 MB, and read whole it took most of a cached
+    answer's 40 s."""
     import pandas as pd
 
     from cpumap.measure import harness
     from cpumap.store import db
 
-    if rows is None:
-        if not db_dir.exists():
-            return None
-        rows = db.load(db_dir, machine_id=machine_id)
+    if not db_dir.exists():
+        return None
+    rows = pd.concat([part for _, part in db.iter_parts(db_dir, _CLOCK_COLUMNS,
+                                                         machine_id=machine_id)]
+                     or [db.empty_frame()[_CLOCK_COLUMNS]], ignore_index=True)
     since = pd.Timestamp(datetime.now(UTC)) - pd.Timedelta(hours=hours)
     return rows[(rows.harness_version == harness.HARNESS_VERSION) & (rows.timestamp >= since)]
 
 
-def _settled(old: pd.DataFrame, sel: pd.DataFrame, kernel: dict[str, int],
-             recent: pd.DataFrame | None, reference: dict[str, float]
-             ) -> tuple[pd.DataFrame | None, dict | None, int]:
-    """The rows of the latest stored batch whose estimate of ``kernel`` settled (its rows
-    ``sel`` among the machine's rows ``old``), its answer, and how many later batches held
-    the kernel unsettled. Why not the latest batch whatever it says: a value the rounds never
-    agreed on is the host's noise as much as the CPU's (`MOVZX_R32_M8*3 VMOVDQA64_YMM_YMM*4`,
-    a held-out kernel of a default run on a busy Sapphire Rapids-class guest, stored at 2.03
-    cycles, unstable; 1.17 where its forms' loads and renames allow, measured again), and one
-    kernel measured again costs a second."""
+def _settled(db_dir, machine_id: str, kid: str, pid: str, kernel: dict[str, int],
+             reference: dict[str, float]) -> tuple[pd.DataFrame | None, dict | None, int]:
+    """The rows of the latest stored batch whose estimate of ``kernel`` (id ``kid``, measured
+    with parameters ``pid`` by this harness) settled, its answer, and how many later batches
+    held the kernel unsettled. Why not the latest batch whatever it says: a value the rounds
+    never agreed on is the host's noise as much as the CPU's (`MOVZX_R32_M8*3
+    VMOVDQA64_YMM_YMM*4`, a held-out kernel of a default run on a busy Sapphire Rapids-class
+    guest, stored at 2.03 cycles, unstable; `MOV_R32_M32*3 VMOVDQA64_YMM_YMM*4` settled at
+    1.167), and one kernel measured again costs seconds."""
+    from cpumap.measure import harness
+    from cpumap.store import db
+
+    found = []  # (part, batch id), in the database's order: the latest last
+    for path, keys in db.iter_parts(db_dir, _KEY_COLUMNS, skip_batches=db.REPEAT_PREFIX,
+                                    machine_id=machine_id, kernel_id=kid):
+        keys = keys[(keys.params_id == pid) & (keys.status == "ok") & (keys.role != "monitor")
+                    & (keys.harness_version == harness.HARNESS_VERSION)]
+        found += [(path, b) for b in dict.fromkeys(keys.batch_id)]
+    recent = _recent(db_dir, machine_id) if found else None
     unsettled = 0
-    for bid in reversed(list(dict.fromkeys(sel.batch_id))):
-        rows = old[old.batch_id == bid]
+    for path, bid in reversed(found):
+        rows = db.read_part(path, machine_id=machine_id, batch_id=bid)
         out = summarize(rows, kernel, True, recent, reference)
         if not out["unstable"]:
             return rows, out, unsettled
@@ -107,7 +126,7 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
         from cpumap.cli.latency import cmd_latency
 
         return cmd_latency(args, ctx)
-    from cpumap.measure import asmgen, batch, harness, quiet
+    from cpumap.measure import asmgen, batch, quiet
     from cpumap.measure.settings import BenchSettings
     from cpumap.store import db
 
@@ -123,17 +142,11 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
     db_dir = ctx.root / "db"
     reference = quiet.load_reference(quiet.reference_path(db_dir), pid)
     rows, out = None, None
-    if not args.force:
-        old = db.load(db_dir, machine_id=ctx.desc["machine_id"]) if db_dir.exists() else None
-        if old is not None and len(old):
-            sel = old[(old.kernel_id == kid) & (old.params_id == pid) & (old.status == "ok")
-                      & (old.harness_version == harness.HARNESS_VERSION)
-                      & (old.role != "monitor")]
-            rows, out, unsettled = _settled(old, sel, kernel,
-                                            _recent(db_dir, "", rows=old), reference)
-            if rows is None and unsettled:
-                say(f"{canon}: stored by {unsettled} batch(es), unstable in each: measured "
-                    "again")
+    if not args.force and db_dir.exists():
+        rows, out, unsettled = _settled(db_dir, ctx.desc["machine_id"], kid, pid, kernel,
+                                        reference)
+        if rows is None and unsettled:
+            say(f"{canon}: stored by {unsettled} batch(es), unstable in each: measured again")
     if rows is None:
         # unique per invocation: two measurements of one kernel in the same second must not
         # collide (parts are never overwritten)
