@@ -70,7 +70,7 @@ _CLOCK_COLUMNS = ["machine_id", "batch_id", "params_id", "cal1", "cal2", "cal_ad
                   "timestamp", "harness_version"]
 #: What finds the batches that stored a kernel.
 _KEY_COLUMNS = ["machine_id", "kernel_id", "params_id", "harness_version", "status", "role",
-                "batch_id"]
+                "batch_id", "timestamp"]
 
 
 def _recent(db_dir, machine_id: str, hours: float = 1.0) -> pd.DataFrame | None:
@@ -104,15 +104,16 @@ def _settled(db_dir, machine_id: str, kid: str, pid: str, kernel: dict[str, int]
     from cpumap.measure import harness
     from cpumap.store import db
 
-    found = []  # (part, batch id), in the database's order: the latest last
+    found = []  # (when measured, part, batch id)
     for path, keys in db.iter_parts(db_dir, _KEY_COLUMNS, skip_batches=db.REPEAT_PREFIX,
                                     machine_id=machine_id, kernel_id=kid):
         keys = keys[(keys.params_id == pid) & (keys.status == "ok") & (keys.role != "monitor")
                     & (keys.harness_version == harness.HARNESS_VERSION)]
-        found += [(path, b) for b in dict.fromkeys(keys.batch_id)]
+        found += [(t, str(path), b) for b, t in keys.groupby("batch_id")["timestamp"].max()
+                  .items()]
     recent = _recent(db_dir, machine_id) if found else None
     unsettled = 0
-    for path, bid in reversed(found):
+    for _, path, bid in sorted(found, reverse=True):  # the latest first
         rows = db.read_part(path, machine_id=machine_id, batch_id=bid)
         out = summarize(rows, kernel, True, recent, reference)
         if not out["unstable"]:
@@ -158,8 +159,9 @@ def cmd_measure(args: argparse.Namespace, ctx: Context) -> int:
             reference=quiet.reference_path(db_dir), reference_kernels=True)
         if not args.no_db:
             db.append(db_dir, rows, batch_id)
+        # the reference as this measurement left it (its own settled value added)
         out = summarize(rows, kernel, False, _recent(db_dir, ctx.desc["machine_id"]),
-                        reference)
+                        quiet.load_reference(quiet.reference_path(db_dir), pid))
     cached = bool(out["cached"])
     if args.json:
         print(json.dumps(out, indent=2))
