@@ -205,3 +205,61 @@ def test_parts_written_before_the_optional_columns_still_load(tmp_path: Path) ->
     assert back["cal1"].isna().all() and back["stable"].isna().all()
     assert db.measured_keys(tmp_path, rows.machine_id[0], rows.params_id[0], "1") == {
         rows.kernel_id[0]}
+
+
+def test_the_kernel_index_finds_the_parts_that_hold_a_kernel(tmp_path: Path) -> None:
+    from cpumap.store import kernel_index
+
+    d, index = tmp_path / "db", tmp_path / "work" / "kernel-index.parquet"
+    kid = {k: make_rows("x", {k: [1.0]}).kernel_id[0] for k in ("A", "B", "C")}
+    db.append(d, make_rows("singletons-0000-aaaaaaaa", {"A": [1.0], "B": [2.0]}))
+    db.append(d, make_rows("palmed-pairs001-bbbbbbbb", {"A": [1.0, 1.0]}))
+    db.append(d, make_rows(f"{db.REPEAT_PREFIX}validation-s1-cccccccc", {"A": [1.1]}))
+
+    def names(k: str, **kw: str) -> list[str]:
+        return [p.name for p in kernel_index.parts_holding(d, kid[k], index, **kw)]
+
+    assert names("A") == ["part-palmed-pairs001-bbbbbbbb.parquet",
+                          f"part-{db.REPEAT_PREFIX}validation-s1-cccccccc.parquet",
+                          "part-singletons-0000-aaaaaaaa.parquet"]
+    assert names("A", skip_batches=db.REPEAT_PREFIX) == [
+        "part-palmed-pairs001-bbbbbbbb.parquet", "part-singletons-0000-aaaaaaaa.parquet"]
+    assert names("B") == ["part-singletons-0000-aaaaaaaa.parquet"]
+    assert names("C") == []
+    assert index.is_file()
+    # a part written later is read once and added; a part replaced on purpose is read again
+    db.append(d, make_rows("palmed-core001-dddddddd", {"C": [3.0]}))
+    assert names("C") == ["part-palmed-core001-dddddddd.parquet"]
+    db.append(d, make_rows("singletons-0000-aaaaaaaa", {"C": [3.0, 3.0, 3.0]}), replace=True)
+    assert names("B") == []
+    assert names("C") == ["part-palmed-core001-dddddddd.parquet",
+                          "part-singletons-0000-aaaaaaaa.parquet"]
+    stored = pq.read_table(index).to_pandas()
+    assert sorted(set(stored.part)) == sorted(p.name for p in db.part_paths(d))
+    # the index is derived data: a damaged one is rebuilt, one that cannot be written is
+    # only not kept
+    index.write_bytes(b"not parquet")
+    assert names("A", skip_batches=db.REPEAT_PREFIX) == ["part-palmed-pairs001-bbbbbbbb.parquet"]
+    assert len(pq.read_table(index)) == len(stored)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert [p.name for p in kernel_index.parts_holding(d, kid["B"], blocked / "index")] == []
+    assert [p.name for p in kernel_index.parts_holding(d, kid["C"], blocked / "index")] == [
+        "part-palmed-core001-dddddddd.parquet", "part-singletons-0000-aaaaaaaa.parquet"]
+
+
+def test_parts_written_before_a_time_are_left_out_on_request(tmp_path: Path) -> None:
+    import os
+    import time
+
+    d = tmp_path / "db"
+    old = db.append(d, make_rows("singletons-0000-aaaaaaaa", {"A": [1.0]}))
+    new = db.append(d, make_rows("singletons-0001-bbbbbbbb", {"B": [1.0]}))
+    now = time.time()
+    hour_ago = now - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    assert db.part_paths(d, modified_since=now - 600) == [new]
+    # within the margin (coarse file times) a part still counts
+    assert db.part_paths(d, modified_since=hour_ago + db.MODIFIED_MARGIN_S / 2) == [old, new]
+    assert [p for p, _ in db.iter_parts(d, ["kernel"], modified_since=now - 600)] == [new]
+    assert db.part_paths(d) == [old, new]

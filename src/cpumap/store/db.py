@@ -51,6 +51,8 @@ __all__ = [
     "params_id",
     "part_path",
     "part_paths",
+    "read_part",
+    "read_part_table",
     "to_table",
 ]
 
@@ -142,10 +144,20 @@ def part_path(db_dir: str | Path, batch_id: str) -> Path:
     return Path(db_dir) / f"part-{batch_id}.parquet"
 
 
+#: How much older than ``modified_since`` a part's file must be to be left out: a margin for
+#: file systems whose times are coarse or a little behind the clock the rows were stamped by.
+MODIFIED_MARGIN_S = 60.0
+
+
 def part_paths(db_dir: str | Path, *, batches: str | None = None,
-               skip_batches: str | None = None) -> list[Path]:
+               skip_batches: str | None = None,
+               modified_since: float | None = None) -> list[Path]:
     """All parts of a database, sorted by name; temporary files are not parts. ``batches`` /
-    ``skip_batches``: only the parts whose batch id starts with that prefix / all but those."""
+    ``skip_batches``: only the parts whose batch id starts with that prefix / all but those.
+    ``modified_since`` (seconds since the epoch): only the parts whose file was written after
+    it (less ``MODIFIED_MARGIN_S``). A part is written once, after its rows were measured, so
+    an older file holds no row stamped after that time: what reads the last hour's rows of a
+    database of months need not open the older parts."""
     d = Path(db_dir)
     if not d.is_dir():
         return []
@@ -155,7 +167,9 @@ def part_paths(db_dir: str | Path, *, batches: str | None = None,
             continue
         batch = p.name.removeprefix("part-")
         if (batches is None or batch.startswith(batches)) and \
-                (skip_batches is None or not batch.startswith(skip_batches)):
+                (skip_batches is None or not batch.startswith(skip_batches)) and \
+                (modified_since is None
+                 or p.stat().st_mtime >= modified_since - MODIFIED_MARGIN_S):
             out.append(p)
     return out
 
@@ -269,15 +283,21 @@ def load_parts(
 
 def iter_parts(
     db_dir: str | Path, columns: list[str] | None = None, *, batches: str | None = None,
-    skip_batches: str | None = None, **equal: str
+    skip_batches: str | None = None, modified_since: float | None = None, **equal: str
 ) -> Iterator[tuple[Path, pd.DataFrame]]:
     """(path, rows) of each part in turn, only the rows whose columns equal the ``equal``
     values (compared before the rows become a DataFrame): what reads a database larger than
     memory, one part at a time (a full-profile campaign holds tens of millions of rows; as
     one DataFrame, 0.7 kB each, more than this machine has). ``batches``, ``skip_batches``:
-    as for :func:`part_paths`."""
-    for path in part_paths(db_dir, batches=batches, skip_batches=skip_batches):
+    ``modified_since``: as for :func:`part_paths`."""
+    for path in part_paths(db_dir, batches=batches, skip_batches=skip_batches,
+                           modified_since=modified_since):
         yield path, read_part(path, columns, **equal)
+
+
+def read_part_table(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """One part as a pyarrow table (only ``columns`` if given), checked against ``SCHEMA``."""
+    return _read_part(Path(path), columns)
 
 
 def read_part(path: str | Path, columns: list[str] | None = None, **equal: str) -> pd.DataFrame:
