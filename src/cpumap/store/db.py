@@ -288,7 +288,7 @@ def iter_parts(
     """(path, rows) of each part in turn, only the rows whose columns equal the ``equal``
     values (compared before the rows become a DataFrame): what reads a database larger than
     memory, one part at a time (a full-profile campaign holds tens of millions of rows; as
-    one DataFrame, 0.7 kB each, more than this machine has). ``batches``, ``skip_batches``:
+    one DataFrame, 0.7 kB each, more than this machine has). ``batches``, ``skip_batches``,
     ``modified_since``: as for :func:`part_paths`."""
     for path in part_paths(db_dir, batches=batches, skip_batches=skip_batches,
                            modified_since=modified_since):

@@ -5,10 +5,10 @@ that batch meant reading the key columns of every part (a default run's database
 6 million rows, 1.2 s; a full profile's is several times that) on every call. Parts are
 written once and never rewritten (``cpumap.store.db``), so the kernel ids of a part are known
 for good once read: the index records them per part, with the part's size and modification
-time, and a later lookup reads only the parts it has not seen (or that changed, which a merge
-tool could do). The index is derived data: a missing or damaged one is rebuilt, one that
-cannot be written (a read-only archive) is only kept in memory, and the database itself is
-never touched.
+time, and a later lookup reads only the parts it has not seen (or that changed: a part
+replaced on purpose, ``db.append(..., replace=True)``). The index is derived data: a missing
+or damaged one is rebuilt, one that cannot be written (a read-only archive) is only kept in
+memory, and the database itself is never touched.
 """
 
 from __future__ import annotations
