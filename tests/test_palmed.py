@@ -755,6 +755,30 @@ def test_wide_stage_measures_class_representatives_only() -> None:
                        for k in kinds[kind]]).max() < 0.02, kind
 
 
+def test_wide_classes_are_checked_on_the_mode_kernels_not_their_difference() -> None:
+    """Three narrow forms of one plain class, 1 cycle alone, beside a 1-cycle carrier: VBX
+    takes VAX's 1.5 cycles a copy in the mode, its two kernels measured 2 % off each, the
+    one up, the other down (their difference, its time in the mode, 13 % off: beyond tol);
+    VCX takes 1.95. VBX joins VAX's class in the mode and takes its time there, VCX stands
+    alone."""
+    from cpumap.model.palmed.kernels import _text
+    from cpumap.model.palmed.wide import _wide_reps, mode_kernels, time_in_mode
+
+    cfg = palmed.PalmedConfig(tol=0.05)
+    singletons = {"VZ": 1.0, "VAX": 1.0, "VBX": 1.0, "VCX": 1.0}
+    widths = {"VZ": 512, "VAX": 128, "VBX": 128, "VCX": 128}
+    mode = {f: mode_kernels(f, "VZ", singletons, cfg) for f in ("VAX", "VBX", "VCX")}
+    meas: dict[str, float] = {}
+    for f, t, errs in (("VAX", 1.5, (1.0, 1.0)), ("VBX", 1.5, (1.02, 0.98)),
+                       ("VCX", 1.95, (1.0, 1.0))):
+        for k, e in zip(mode[f], errs, strict=True):
+            meas[_text(k)] = (k["VZ"] * 1.0 + k[f] * t) * e
+    assert abs(time_in_mode("VBX", mode["VBX"], meas) / 1.5 - 1) > cfg.tol
+    rep_of = _wide_reps({"VAX": ["VAX", "VBX", "VCX"]}, widths, mode, meas, singletons,
+                        cfg.tol)
+    assert rep_of == {"VBX": "VAX"}
+
+
 def test_no_wide_mode_no_wide_uses() -> None:
     """The same core without the mode: the probes (two kernels per narrow vector form beside
     each of the four 512-bit forms) find nothing slower, the model has no wide uses, and
