@@ -855,6 +855,19 @@ def test_the_wide_stage_meets_only_the_pairs_the_mode_can_change(monkeypatch) ->
             assert np.sqrt(np.mean(e ** 2)) < 0.005 and np.abs(e).max() < 0.02, kind
 
 
+def test_512_bit_forms_meet_the_modes_own_units() -> None:
+    """A 512-bit form meets the saturating kernels holding a narrow vector form and the
+    mode's own units (kernels of a 512-bit form alone, which no plain mix met), not a plain
+    resource of 512-bit forms only; a narrow form meets every usable resource."""
+    from cpumap.model.palmed.wide import _meets
+
+    widths = {"VZ": 512, "VPZ": 512, "VX": 128, "ADD": 0}
+    saturating = [({"VX": 4}, 1.0), ({"VZ": 4}, 1.0), ({"ADD": 4}, 1.0), ({"VPZ": 4}, 4.0)]
+    meets = _meets(["VZ", "VX"], [], [0, 1, 2, 3], [0, 1, 3], saturating, widths,
+                   lambda f, r: True, [3])
+    assert meets == {"VZ": [0, 3], "VX": [0, 1, 2, 3]}
+
+
 def test_wide_refit_moves_only_the_uses_met_beside_the_carrier(monkeypatch) -> None:
     """Noisy measurements: the wide uses end with a joint refit over every kernel holding a
     512-bit form (``wide._refit_mode``), which lowers the error of the kernels mixing

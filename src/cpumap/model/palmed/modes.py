@@ -98,12 +98,17 @@ def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequenc
         if units:
             log(f"wide: {len(units)} units of 512-bit forms' own met in the mode: "
                 + ", ".join(f"{name} ({u})" for name, u, _sk, _t in units))
-        # each unit's first form holds it for its time per copy, as outside the mode
+        # each unit's first form holds it for its time per copy, as outside the mode, and
+        # every other 512-bit form its plain use of the unit (where its mixes with the unit's
+        # kernel, which it meets, fail)
         rho_s = {f: dict(u) for f, u in rho.items()}
-        for j, (name, _u, sk, t_sk) in enumerate(units):
+        for j, (name, u_own, sk, t_sk) in enumerate(units):
             model.provenance["resources"][name] = {"defining": _text(sk),
                                                    "saturating": _text(sk), "stage": "wide"}
             (h, n), = sk.items()
+            for f, u in model.rho.items():
+                if u.get(u_own, 0.0) > 0 and widths.get(f, 0) >= transition.WIDE_BITS:
+                    rho_s.setdefault(f, {})[len(shared) + j] = u[u_own]
             rho_s.setdefault(h, {})[len(shared) + j] = t_sk / n
         names_s = shared + [name for name, *_ in units]
         fitted += [(trig, uses, own, names_s) for trig, uses, own in fit_states(
@@ -111,7 +116,8 @@ def fit_modes(b: Build, model: ResourceModel, measure: Measure, t_plain: Sequenc
             saturating + [(sk, t_sk) for *_, sk, t_sk in units],
             [*t_plain, *(math.nan for _ in units)], classes, b.config, run, log, st,
             above(b.wide_mode, b.widths) if dirty else frozenset(),
-            only_narrow=dirty, first=set(training))]
+            only_narrow=dirty, first=set(training),
+            units=set(range(len(shared), len(shared) + len(units))))]
         model.provenance[key]["kernels"] = b.counts.get(stage, 0)
         b.lp[stage] = {"solves": st.solves, "seconds": st.seconds, "refit": st.refit}
     rep_of = {m: rep for rep, members in classes.items() for m in members}

@@ -292,6 +292,7 @@ def fit_states(record: Mapping[str, Any], forms: Sequence[str], widths: Mapping[
                config: PalmedConfig, run: Callable[[list[str]], None], log: Log = _nolog,
                lp_stats: _LPStats | None = None, above: Set[str] = frozenset(),
                only_narrow: bool = False, first: Set[str] = frozenset(),
+               units: Set[int] = frozenset(),
                ) -> list[tuple[list[str], dict[str, dict[int, float]], dict[str, float]]]:
     """Stage 8: the wide stage (``wide.fit_wide``) once per state of the probe's ``record``,
     in priority order, each with its carrier and the triggers of the states before it kept
@@ -300,8 +301,8 @@ def fit_states(record: Mapping[str, Any], forms: Sequence[str], widths: Mapping[
 
     A record without states (one carrier, as written before the states) is one state of
     every 512-bit form. ``above``: the triggers of states of another mode before these
-    (``palmed.dirty``: the 512-bit ones); ``only_narrow`` and ``first`` (the training
-    kernels): ``wide.fit_wide``'s."""
+    (``palmed.dirty``: the 512-bit ones); ``only_narrow``, ``first`` (the training
+    kernels) and ``units`` (the mode's own): ``wide.fit_wide``'s."""
     states = record.get("states") or [{"carrier": record["carrier"],
                                        "trigger": split(forms, widths)[0]}]
     out = []
@@ -312,7 +313,7 @@ def fit_states(record: Mapping[str, Any], forms: Sequence[str], widths: Mapping[
             step = fit_wide(forms, widths, singletons, rho, saturating, meas, st["carrier"],
                             t_plain=t_plain, classes=classes, config=config, log=log,
                             lp_stats=lp_stats, own=set(st["trigger"]), above=frozenset(above),
-                            only_narrow=only_narrow, first=first)
+                            only_narrow=only_narrow, first=first, units=units)
             if step.done:
                 break
             run(step.need)

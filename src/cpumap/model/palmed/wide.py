@@ -145,7 +145,7 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
              config: PalmedConfig | None = None, log: Log = _nolog,
              lp_stats: _LPStats | None = None, own: Set[str] | None = None,
              above: Set[str] = frozenset(), only_narrow: bool = False,
-             first: Set[str] = frozenset()) -> Step:
+             first: Set[str] = frozenset(), units: Set[int] = frozenset()) -> Step:
     """Stage 8: the wide uses of the vector forms in one state of the mode, on a host where
     ``states.probe`` saw it.
 
@@ -182,6 +182,10 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
     ``first``: the stage's random training kernels (``Build.training(wide=True)``), which the
     joint refit samples first and weights ``training_weight``, as the plain refit does its
     own.
+
+    ``units``: the indices in ``saturating`` of the mode's own units (``modes``: the units of
+    the 512-bit forms' own, which the plain stages never met as resources): every vector
+    form meets them.
     """
     cfg = config or PalmedConfig()
     forms = [f for f in forms if f not in above]
@@ -245,7 +249,8 @@ def fit_wide(forms: Sequence[str], widths: Mapping[str, int], singletons: Mappin
                       cfg.max_kernel)
         return not no_slower(_text(base), _text(k), meas, cfg.tol)
 
-    meets = _meets(reps, other_reps, usable, vres, saturating, widths, shares)
+    meets = _meets(reps, other_reps, usable, vres, saturating, widths, shares,
+                   [r for r in usable if r in units])
     t_of = {**singletons, **t_mode}
     same: dict[tuple[str, str], bool] = {}
 
@@ -391,8 +396,8 @@ def _alike_in_mode(form: str, head: str, mode: Mapping[str, tuple[Kernel, Kernel
 
 def _meets(reps: Sequence[str], other_reps: Sequence[str], usable: Sequence[int],
            vres: Sequence[int], saturating: Sequence[tuple[Mapping[str, int], float]],
-           widths: Mapping[str, int], shares: Callable[[str, int], bool]
-           ) -> dict[str, list[int]]:
+           widths: Mapping[str, int], shares: Callable[[str, int], bool],
+           units: Sequence[int] = ()) -> dict[str, list[int]]:
     """form -> the resources (indices into ``saturating``) whose saturating kernel it meets
     beside the carrier; a form keeps its plain use of every other resource.
 
@@ -406,7 +411,12 @@ def _meets(reps: Sequence[str], other_reps: Sequence[str], usable: Sequence[int]
       ``SHL`` runs; skipped, that pair was predicted 6.7 % fast.
     - A 512-bit form was in the mode in every plain mix it was in: it meets only the
       resources whose saturating kernel holds a narrow vector form (those mixes were kept
-      apart for the mode).
+      apart for the mode), and the mode's own ``units``, which no plain mix met: left out,
+      the 512-bit shuffles of another unit than a unit's first form never took it, and
+      beside the narrow shuffles that did (all on port 5 in the mode) they were predicted
+      half their time (Emerald Rapids-class guest, default run of 2026-12-06:
+      ``VBROADCASTSS_ZMM_XMM*2 VMOVSD_XMM_M64*4 VPERMQ_ZMM_ZMM_I8*4
+      VUNPCKHPD_XMM_XMM_XMM_EVEX*4`` 5.05 cycles predicted, 10.0 measured).
     - A form without a vector register keeps its μops, and beside vector μops that moved
       its use of a resource can fall but not rise from nothing: it meets only the resources
       a vector form saturates that it ``shares`` outside the mode.
@@ -416,7 +426,8 @@ def _meets(reps: Sequence[str], other_reps: Sequence[str], usable: Sequence[int]
     held-out kernels mixing 512-bit and narrower forms 8.2 -> 8.1 % RMS (docs/model.md)."""
     narrow_sk = [r for r in usable
                  if any(0 < widths.get(f, 0) < WIDE_BITS for f in saturating[r][0])]
-    out = {f: list(narrow_sk if widths.get(f, 0) >= WIDE_BITS else usable) for f in reps}
+    wide_sk = sorted({*narrow_sk, *units})
+    out = {f: list(wide_sk if widths.get(f, 0) >= WIDE_BITS else usable) for f in reps}
     out |= {f: [r for r in vres if shares(f, r)] for f in other_reps}
     return out
 
