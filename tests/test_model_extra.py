@@ -358,3 +358,40 @@ def test_report_lists_the_training_kernels_among_the_stages():
     assert [r.split(" | ")[0] for r in rows[:5]] == [
         "| mapping", "| training", "| refine", "| wide-training", "| wide"]
     assert "| training | 7 |" in report and "| wide-training | 4 |" in report
+
+
+def test_the_issue_width_bounds_kernels_of_forms_that_take_few_ports():
+    """NOP and an eliminated move run 6 a cycle alone, and no measured kernel ran more by
+    over tol: the issue width is 6 (the first of the fastest forms alone by name), so
+    NOP*2 + MOV*3 takes 5/6 cycle (its resources say 0.5), named ``issue``; a kernel its
+    ports limit keeps their bound. Where a measured mix ran faster than any form alone by
+    more than tol (ports, not a front end, limit the fastest form), no bound."""
+    from cpumap.model import jobs, outside, resmodel
+
+    def model_of() -> resmodel.ResourceModel:
+        return resmodel.ResourceModel(
+            resources=["alu", "fe"],
+            rho={"NOP": {"fe": 0.1}, "MOV_R64_R64": {"fe": 0.1}, "ADD_R64_R64": {"alu": 0.25}})
+
+    singletons = {"NOP": 1 / 6, "MOV_R64_R64": 1 / 6, "ADD_R64_R64": 0.25}
+    meas = {"NOP*12": 2.0, "MOV_R64_R64*12": 2.0, "ADD_R64_R64*8": 2.0,
+            "ADD_R64_R64*4 NOP*2": 1.0, "MOV_R64_R64*6 NOP*6": 2.01, "NOP*3": math.nan}
+    model = model_of()
+    record = outside.add_issue_width(model, meas, singletons, 0.05, lambda _: None)
+    assert record == {"width": 6.0, "form": "MOV_R64_R64", "fastest_kernel": "NOP*12",
+                      "fastest_rate": 6.0, "over": 0}
+    fast = resmodel.Predictor(model)
+    for kernel, want in [({"NOP": 2, "MOV_R64_R64": 3}, (5 / 6, "issue")),
+                         ({"ADD_R64_R64": 8, "NOP": 1}, (2.0, "alu"))]:
+        for got in (resmodel.predict(model, kernel), fast.predict(kernel)):
+            assert math.isclose(got[0], want[0]) and got[1] == want[1], (kernel, got)
+    assert fast.labels["issue"].startswith("issue width: at most 6 instructions per cycle")
+    assert any(x.startswith("| issue | issue width") for x in jobs.resource_table(model))
+    again = resmodel.ResourceModel.from_dict(model.to_dict())
+    assert resmodel.predict(again, {"NOP": 12}) == (2.0, "issue")
+    # a mix at 8 a cycle, its forms at 6 and 4 alone: the ports limit NOP, not the front end
+    model = model_of()
+    assert outside.add_issue_width(model, meas | {"ADD_R64_R64*4 NOP*12": 2.0}, singletons,
+                                   0.05, lambda _: None) == {}
+    assert model.issue_width == 0.0
+    assert resmodel.predict(model, {"NOP": 2, "MOV_R64_R64": 3}) == (0.5, "fe")

@@ -23,12 +23,13 @@ import pandas as pd
 from cpumap.isa import transition
 from cpumap.measure import campaign
 from cpumap.measure.backend import Measurer
-from cpumap.model import flagchain, resmodel, validation
+from cpumap.model import flagchain, issue, resmodel, validation
 from cpumap.model.mode_lines import dirty_line, wide_line
 from cpumap.model.outside import (
     add_chain_forms,
     add_decomposed_forms,
     add_flags_chain,
+    add_issue_width,
     modelable,
 )
 from cpumap.model.palmed import NON_ADDITIVE_SHARE, PalmedConfig
@@ -231,6 +232,7 @@ def fit_job(job: StageJob, state_in: Path) -> tuple[resmodel.ResourceModel, dict
     stats["approximate"] |= add_decomposed_forms(model)
     stats["flags_chain"] = add_flags_chain(model, job.measurer.forms, b.singletons, b.config.tol,
                                            job.log)
+    stats["issue"] = add_issue_width(model, b.meas, b.singletons, b.config.tol, job.log)
     if "sse_avx_transition" in b.info:
         model.provenance["sse_avx_transition"] = dict(b.info["sse_avx_transition"]) | {
             "families": {f: fam for f, fam in sorted(b.apart.items()) if f in model.rho}}
@@ -367,6 +369,10 @@ def validation_report(metrics: Mapping[str, float], stats: Mapping[str, Any], ma
              "the sum of these forms' times, in cycles): "
              + (", ".join(f"{f} {v:.3f}" for f, v in fc.items())
                 if (fc := stats.get("flags_chain")) else "none"),
+             "- the issue width (no kernel predicted to run more instructions a cycle): "
+             + (f"{iw['width']:.4g} ({iw['form']} alone; the fastest measured kernel "
+                f"{iw['fastest_rate']:.4g}, {iw['fastest_kernel']})"
+                if (iw := stats.get("issue")) else "none"),
              f"- forms modelled approximately because their time depends on the code layout "
              f"(measured alone at 1, 24, 56, 40 and 88 copies a kernel instance; no resource "
              f"defined by them; predicted from the singleton, flagged): "
@@ -474,6 +480,9 @@ def resource_table(model: resmodel.ResourceModel) -> list[str]:
     if links := model.flags_chain[0]:
         lines.append(f"| {flagchain.FLAGS} | {labels[flagchain.FLAGS]} | {len(links)} | "
                      f"{limited.get(flagchain.FLAGS, 0)} |")
+    if model.issue_width:
+        lines.append(f"| {issue.ISSUE} | {labels[issue.ISSUE]} | {len(model.rho)} | "
+                     f"{limited.get(issue.ISSUE, 0)} |")
     for prefix, what in ((resmodel.OWN, "a class's own unit, as long as its singleton"),
                          (resmodel.CHAIN, "a dependence chain's measured cycles")):
         kind = [r for r in model.resources if r.startswith(prefix)]

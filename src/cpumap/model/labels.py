@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from cpumap.model import flagchain
+from cpumap.model import flagchain, issue
 
 #: Name prefixes of the resources of one form or class alone: ``chain:FORM``, a dependence
 #: chain's (``cpumap.model.outside``), and ``own:FORM``, a unit a class of alike forms holds
@@ -66,6 +66,8 @@ def resource_labels(model: Any) -> dict[str, str]:
                    for r, text in _labels(idle, table).items() if text != "unused"}
     if links := model.flags_chain[0]:  # not a resource, but a bottleneck predictions name
         labels[flagchain.FLAGS] = flagchain.label(links)
+    if width := issue.read(model.provenance):  # nor is the issue width
+        labels[issue.ISSUE] = issue.label(width)
     return labels
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import pandas as pd
 
 from cpumap.isa import transition, x86
+from cpumap.measure.asmgen import parse_canonical
 from cpumap.model import resmodel
 
 
@@ -156,3 +158,46 @@ def add_decomposed_forms(model: resmodel.ResourceModel) -> dict[str, str]:
         out[form] = f"not measurable here; predicted as {' + '.join(parts)}"
     model.provenance["approximate"] = {**model.approximate, **out}
     return out
+
+
+def add_issue_width(model: resmodel.ResourceModel, meas: Mapping[str, float],
+                    singletons: Mapping[str, float], tol: float,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """The host's issue width, recorded in the model for its predictions
+    (``provenance.issue``, read by ``resmodel.issue_width``): the rate of the fastest form
+    alone, in instructions a cycle, where no kernel the build measured ran faster than that
+    by more than ``tol``.
+
+    Why the condition: a front end that caps every kernel caps the fastest forms alone
+    (``NOP``, the moves and zero idioms renaming removes: 6 a cycle on the Emerald
+    Rapids-class guest) and every mix of them with the rest at the same rate. Where some mix
+    runs faster than any form alone, the fastest form's limit is its ports, and nothing
+    measured says how fast kernels mixing more kinds run: no bound then (a simulated core
+    without a front end). Why the form alone and not the fastest kernel: the kernels of a
+    few instructions that ran fastest are the least certain (on that guest, default run of
+    2026-12-06: 10 of its 78,000 measured kernels at 6.04-6.20 a cycle, four instructions
+    each, 100 at 6.00 or more; the fastest form alone 5.999).
+    """
+    alone = sorted((-1.0 / t, f) for f, t in singletons.items()
+                   if f in model.rho and math.isfinite(t) and t > 0)
+    best, best_text, rates = 0.0, "", []
+    for text, m in meas.items():
+        if not (math.isfinite(m) and m > 0):
+            continue
+        rate = sum(parse_canonical(text).values()) / m
+        rates.append(rate)
+        if rate > best:
+            best, best_text = rate, text
+    if not alone:
+        return {}
+    width, form = -alone[0][0], alone[0][1]
+    if best > width * (1 + tol):
+        log(f"issue width: none (a measured kernel ran {best:.4g} instructions a cycle, "
+            f"{best_text}; the fastest form alone {width:.4g}, {form})")
+        return {}
+    record = {"width": width, "form": form, "fastest_kernel": best_text,
+              "fastest_rate": best, "over": sum(1 for r in rates if r > width)}
+    model.provenance["issue"] = record
+    log(f"issue width: {width:.4g} instructions a cycle ({form} alone); the fastest measured "
+        f"kernel {best:.4g} ({best_text}), {record['over']} measured kernels above the width")
+    return dict(record)

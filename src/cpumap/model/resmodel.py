@@ -39,6 +39,9 @@ reads as "VADDPD/VPADDD/VMULPS +40: 2 per cycle"; a unit two classes hold togeth
 A kernel without a form writing all the flags waits for its partial flags writers one after
 the other (``ROL r64, imm8``): ``provenance.flags_chain`` (``cpumap.model.flagchain``) bounds
 it from below beside the resources, and names the bottleneck ``chain:flags`` where it binds.
+No kernel issues more instructions a cycle than the host's front end does: the issue width
+measured by the build (``provenance.issue``, ``cpumap.model.issue``) bounds it from below as
+well, named ``issue`` where it binds.
 
 This module is on the prediction path of ``cpumap predict`` (bulk: thousands of kernels per
 second, a command that starts in a fraction of a second): it imports nothing heavy at module
@@ -57,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from cpumap.isa import transition
 from cpumap.measure.asmgen import interleave, parse_canonical
-from cpumap.model import flagchain
+from cpumap.model import flagchain, issue
 from cpumap.model.labels import CHAIN, OWN, mnemonic, private, resource_labels
 from cpumap.store.files import write_json_atomic
 
@@ -160,6 +163,12 @@ class ResourceModel:
         if memo is None or memo[0] is not rec:
             memo = self.__dict__["_chain_memo"] = (rec, flagchain.read(self.provenance))
         return memo[1]
+
+    @property
+    def issue_width(self) -> float:
+        """Instructions a cycle the host issues at most (``cpumap.model.issue``); 0.0 where
+        the model has no such bound."""
+        return issue.read(self.provenance)
 
     def validate(self) -> None:
         """Raise ValueError on unknown resources, negative or non-finite uses."""
@@ -268,7 +277,9 @@ def predict(model: ResourceModel, kernel: Mapping[str, int] | str) -> tuple[floa
     rho = model.uses_in(k)
     loads = {i: sum(n * rho[f].get(r, 0.0) for f, n in k.items())
              for i, r in enumerate(model.resources)}
-    return _with_chain(_bottleneck(loads, model.resources), flagchain.cycles(*model.flags_chain, k))
+    return _with_bounds(_bottleneck(loads, model.resources),
+                        flagchain.cycles(*model.flags_chain, k),
+                        issue.cycles(model.issue_width, k))
 
 
 #: Loads within this relative distance of the largest tie for the bottleneck.
@@ -284,10 +295,14 @@ def _bottleneck(loads: Mapping[int, float], resources: list[str]) -> tuple[float
     return best, resources[min(i for i, v in loads.items() if v >= best * (1 - TIE))]
 
 
-def _with_chain(bound: tuple[float, str | None], chain: float) -> tuple[float, str | None]:
-    """The resources' bound, or the flags chain where it is longer (a tie goes to the
-    resource)."""
-    return (chain, flagchain.FLAGS) if chain > bound[0] * (1 + TIE) else bound
+def _with_bounds(bound: tuple[float, str | None], chain: float,
+                 issued: float) -> tuple[float, str | None]:
+    """The resources' bound, or the flags chain or the issue width where one is longer
+    (a tie goes to the resource, then to the chain)."""
+    for cycles, name in ((chain, flagchain.FLAGS), (issued, issue.ISSUE)):
+        if cycles > bound[0] * (1 + TIE):
+            bound = (cycles, name)
+    return bound
 
 
 def interacting(model: ResourceModel, kernel: Iterable[str]) -> bool:
@@ -322,6 +337,7 @@ class Predictor:
             f: tuple((index[r], v) for r, v in u.items() if v > 0) for f, u in table.items()}})
             for trigger, table in model.wide_states]
         self._chain = model.flags_chain
+        self._width = model.issue_width
         self.labels = resource_labels(model)
         self._pairs = _interacting_pairs(model)
         self._approximate = frozenset(model.approximate)
@@ -346,8 +362,9 @@ class Predictor:
                 raise KeyError(f"form {form!r} is not in the resource model") from None
             for i, v in uses:
                 load[i] = load.get(i, 0.0) + n * v
-        return _with_chain(_bottleneck(load, self.model.resources),
-                           flagchain.cycles(*self._chain, kernel))
+        return _with_bounds(_bottleneck(load, self.model.resources),
+                            flagchain.cycles(*self._chain, kernel),
+                            issue.cycles(self._width, kernel))
 
     def interacting(self, kernel: Iterable[str]) -> bool:
         return _holds_pair(self._pairs, kernel)
