@@ -178,25 +178,26 @@ def add_issue_width(model: resmodel.ResourceModel, meas: Mapping[str, float],
     2026-12-06: 10 of its 78,000 measured kernels at 6.04-6.20 a cycle, four instructions
     each, 100 at 6.00 or more; the fastest form alone 5.999).
     """
-    alone = sorted((-1.0 / t, f) for f, t in singletons.items()
-                   if f in model.rho and math.isfinite(t) and t > 0)
-    best, best_text, rates = 0.0, "", []
+    alone = [(-1.0 / t, f) for f, t in singletons.items()
+             if f in model.rho and math.isfinite(t) and t > 0]
+    if not alone:
+        return {}
+    neg, form = min(alone)
+    width = -neg
+    best, best_text, over = 0.0, "", 0
     for text, m in meas.items():
         if not (math.isfinite(m) and m > 0):
             continue
         rate = sum(parse_canonical(text).values()) / m
-        rates.append(rate)
+        over += rate > width
         if rate > best:
             best, best_text = rate, text
-    if not alone:
-        return {}
-    width, form = -alone[0][0], alone[0][1]
     if best > width * (1 + tol):
         log(f"issue width: none (a measured kernel ran {best:.4g} instructions a cycle, "
             f"{best_text}; the fastest form alone {width:.4g}, {form})")
         return {}
     record = {"width": width, "form": form, "fastest_kernel": best_text,
-              "fastest_rate": best, "over": sum(1 for r in rates if r > width)}
+              "fastest_rate": best, "over": over}
     model.provenance["issue"] = record
     log(f"issue width: {width:.4g} instructions a cycle ({form} alone); the fastest measured "
         f"kernel {best:.4g} ({best_text}), {record['over']} measured kernels above the width")

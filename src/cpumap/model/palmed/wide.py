@@ -380,18 +380,17 @@ def _alike_in_mode(form: str, head: str, mode: Mapping[str, tuple[Kernel, Kernel
     for them: the head's two kernels are a line in the copies of the head (the carrier's
     part, then its time in the mode a copy), and the form takes the head's time per unit of
     singleton time, as a class member does outside the mode."""
-    if form not in mode or head not in mode:
+    if form not in mode or head not in mode or not all(_ok(meas, _text(k)) for k in mode[form]):
         return False
-    texts = [_text(k) for k in (*mode[form], *mode[head])]
-    if not all(_ok(meas, t) for t in texts):
+    t_head = time_in_mode(head, mode[head], meas)
+    if t_head is None:
         return False
-    (k1, k2), (h1, h2) = mode[form], mode[head]
-    m1, m2, n1, n2 = meas[texts[2]], meas[texts[3]], h1[head], h2[head]
-    per_copy = (m2 - m1) / (n2 - n1) * singletons[form] / singletons[head]
-    fixed = m1 - n1 * (m2 - m1) / (n2 - n1)
+    h1 = mode[head][0]
+    fixed = meas[_text(h1)] - h1[head] * t_head
+    per_copy = t_head * singletons[form] / singletons[head]
     t_tol = max(tol, 1e-9)
     return all(abs(meas[t] - (fixed + k[form] * per_copy)) <= t_tol * meas[t]
-               for t, k in ((texts[0], k1), (texts[1], k2)))
+               for k in mode[form] for t in [_text(k)])
 
 
 def _meets(reps: Sequence[str], other_reps: Sequence[str], usable: Sequence[int],
