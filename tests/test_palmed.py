@@ -937,6 +937,13 @@ def test_forms_whose_mixes_take_the_sum_of_their_own_units_share_one() -> None:
     own3 = own | {"RCP": ("RCP", 4.0)}
     meas3 = meas | {"RCP SQRT": 16.0, "RCP*2 SQRT": 20.2}
     assert palmed.refit._one_unit(rho, own3, meas3, 0.05) == {"SQRT": "DIV", "RCP": "DIV"}
+    # ROL's kernels side with the sum beside DIV and beside IMUL, which its kernels tell
+    # apart: ROL joins one of them, never both
+    own4 = own | {"ROL": ("ROL", 2.0)}
+    meas4 = meas | {"DIV ROL*2": 12.0, "DIV*2 ROL*2": 20.0, "IMUL*2 ROL": 4.0,
+                    "IMUL*4 ROL": 6.0}
+    unit = palmed.refit._one_unit(rho, own4, meas4, 0.05)
+    assert unit == {"SQRT": "DIV", "ROL": "DIV"}
 
 
 def test_resources_of_their_own_that_add_up_in_the_mode_are_one_unit_there() -> None:
